@@ -1,0 +1,23 @@
+"""twophase: end-to-end exactly-once delivery for Spark Structured Streaming and an embedded runtime.
+
+The core protocol lives in :mod:`twophase.states` (states and transitions), :mod:`twophase.checkpoint`
+(barriers, pending and completed checkpoints), :mod:`twophase.log` (the durable transaction log),
+:mod:`twophase.sink` (the ``TwoPhaseCommitSink`` hooks) and :mod:`twophase.coordinator`.
+"""
+
+from twophase.checkpoint import (CancelCheckpointMarker, CheckpointBarrier, CheckpointProperties, CheckpointType,
+                                 CompletedCheckpoint, PendingCheckpoint, TaskAcknowledgeResult)
+from twophase.coordinator import CheckpointCoordinator, RecoveryReport, TriggerPolicy
+from twophase.errors import TwoPhaseError
+from twophase.log import CheckpointRecord, LocalLogStore, LogStore, TransactionLog
+from twophase.sink import Ack, Guarantee, TransactionContext, TwoPhaseCommitSink, run_task
+from twophase.states import CheckpointState, TransactionState
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Ack", "CancelCheckpointMarker", "CheckpointBarrier", "CheckpointCoordinator", "CheckpointProperties",
+    "CheckpointRecord", "CheckpointState", "CheckpointType", "CompletedCheckpoint", "Guarantee", "LocalLogStore",
+    "LogStore", "PendingCheckpoint", "RecoveryReport", "TaskAcknowledgeResult", "TransactionContext",
+    "TransactionLog", "TransactionState", "TriggerPolicy", "TwoPhaseCommitSink", "TwoPhaseError", "run_task",
+]

@@ -1,0 +1,72 @@
+"""The one error hierarchy of twophase.
+
+Every error raised on purpose by twophase derives from :class:`TwoPhaseError`.
+``retriable`` tells the caller whether the same call may succeed if repeated
+(a transient I/O or broker problem) or whether a person has to act.
+"""
+
+from __future__ import annotations
+
+
+class TwoPhaseError(Exception):
+    """Root of all twophase errors. ``retriable`` is True when repeating the call may succeed."""
+
+    retriable: bool = False
+
+    def __init__(self, message: str, *, retriable: bool | None = None) -> None:
+        super().__init__(message)
+        if retriable is not None:
+            self.retriable = retriable
+
+
+class ConfigurationError(TwoPhaseError, ValueError):
+    """An option is missing, malformed or inconsistent; raised before any data moves. Fix the option named."""
+
+
+class MissingDependencyError(TwoPhaseError, ImportError):
+    """An optional dependency is not installed; the message names the extra to install (``pip install twophase[x]``)."""
+
+
+class InvalidTransitionError(TwoPhaseError):
+    """A transaction or checkpoint was asked to move between states the protocol does not allow; a bug, not a retry."""
+
+
+class FencedError(TwoPhaseError):
+    """A newer writer with the same identity took over (zombie fencing); this writer must stop, its work is aborted."""
+
+
+class DataLossError(TwoPhaseError):
+    """A pre-committed transaction of a completed checkpoint can no longer be committed (expired, deleted).
+
+    Never swallowed: the checkpoint named in the message has lost data and needs an operator.
+    """
+
+
+class LogCorruptError(TwoPhaseError):
+    """A transaction log record fails its checksum or cannot be parsed; the log is refused rather than guessed at."""
+
+
+class ConcurrentWriterError(TwoPhaseError):
+    """A second query or job tried to use a sink id that another one owns; give it its own sink id or path."""
+
+
+class CheckpointDeclinedError(TwoPhaseError):
+    """A task declined a checkpoint (or a checkpoint could not complete); it was aborted, nothing of it committed."""
+
+    retriable = True
+
+
+class CheckpointExpiredError(CheckpointDeclinedError):
+    """A pending checkpoint did not collect all acks before its timeout and was aborted."""
+
+
+class CommitFailedError(TwoPhaseError):
+    """Committing a decided checkpoint failed transiently; the decision stands and the commit is retried on recovery."""
+
+    retriable = True
+
+
+class TransientSinkError(TwoPhaseError):
+    """A sink hit a transient I/O problem; the task or commit may be retried."""
+
+    retriable = True

@@ -1,0 +1,439 @@
+"""The durable transaction log: one per sink id, the source of truth for what is committed.
+
+Layout under the log location (a :class:`LogStore`)::
+
+    owner.json                      who owns this sink id (written once, put-if-absent)
+    checkpoints/<id:020d>.json      one record per checkpoint id, replaced atomically on each transition
+
+Every record is written whole to a temporary name, fsynced and renamed over the old one, and carries
+a SHA-256 of its body. Invariants (named in tests as ``test_log_invN_*``):
+
+1. A record is either the old one or the new one, never a mix: writes are atomic (temp, fsync, rename).
+2. A record whose checksum does not match, or that does not parse, is never taken as valid:
+   reading it raises :class:`~twophase.errors.LogCorruptError`. Stray temporary files are ignored.
+3. Every state change is checked by :func:`twophase.states.check_transition`; a COMPLETED record is
+   never overwritten by anything but COMMITTED.
+4. Retention removes only final (COMMITTED/ABORTED) records, never the newest ``retain`` of them and
+   never the highest committed one, so ``highest_committed`` survives pruning.
+5. A sink id has one owner: a second owner is refused with :class:`ConcurrentWriterError`.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterator, Mapping, Optional
+
+from twophase._logging import get_logger
+from twophase.checkpoint import CheckpointProperties, CompletedCheckpoint, Handle
+from twophase.errors import ConcurrentWriterError, ConfigurationError, LogCorruptError, TransientSinkError
+from twophase.states import CheckpointState, check_transition
+
+_log = get_logger(__name__)
+
+FORMAT_VERSION = 1
+_MAGIC = "twophase-log"
+
+
+# --------------------------------------------------------------------------- stores
+
+
+class LogStore(abc.ABC):
+    """Where log objects live. Names are relative, ``/``-separated. Implementations must make
+    :meth:`put` atomic (readers see the old or the new bytes) and :meth:`put_if_absent` exclusive."""
+
+    @property
+    @abc.abstractmethod
+    def location(self) -> str:
+        """Human-readable location (path or URL) for messages."""
+
+    @abc.abstractmethod
+    def get(self, name: str) -> Optional[bytes]:
+        """The bytes stored under ``name``, or None."""
+
+    @abc.abstractmethod
+    def put(self, name: str, data: bytes) -> None:
+        """Store ``data`` under ``name`` atomically, replacing what was there; durable on return."""
+
+    @abc.abstractmethod
+    def put_if_absent(self, name: str, data: bytes) -> bool:
+        """Store ``data`` under ``name`` only if nothing is there; True if this call created it."""
+
+    @abc.abstractmethod
+    def list(self, prefix: str) -> list[str]:
+        """Names under ``prefix`` (a folder name ending in ``/``), sorted."""
+
+    @abc.abstractmethod
+    def delete(self, name: str) -> None:
+        """Remove ``name``; no error if absent."""
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """Serialise mutations from processes on this machine; a no-op where the store cannot."""
+        yield
+
+
+class LocalLogStore(LogStore):
+    """A log store on a local or POSIX-shared directory."""
+
+    def __init__(self, root: str) -> None:
+        self.root = os.path.abspath(os.path.expanduser(root))
+        self._thread_lock = threading.RLock()
+        self._depth = 0
+        self._fd = -1
+        try:
+            os.makedirs(os.path.join(self.root, "checkpoints"), exist_ok=True)
+        except OSError as e:
+            raise ConfigurationError(
+                f"cannot create the transaction log at {self.root!r}: {e.strerror}; "
+                "give a writable path (option 'path' or 'log.location')") from e
+        if not os.access(self.root, os.W_OK):
+            raise ConfigurationError(
+                f"the transaction log at {self.root!r} is not writable; "
+                "give a writable path (option 'path' or 'log.location')")
+
+    @property
+    def location(self) -> str:
+        return self.root
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"root": self.root}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["root"])
+
+    def _path(self, name: str) -> str:
+        return os.path.join(self.root, *name.split("/"))
+
+    def get(self, name: str) -> Optional[bytes]:
+        try:
+            with open(self._path(name), "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+
+    def put(self, name: str, data: bytes) -> None:
+        path = self._path(name)
+        directory = os.path.dirname(path)
+        tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}-{os.path.basename(path)}")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                os.write(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+            _fsync_dir(directory)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise TransientSinkError(f"cannot write log record {path!r}: {e}") from e
+
+    def put_if_absent(self, name: str, data: bytes) -> bool:
+        path = self._path(name)
+        directory = os.path.dirname(path)
+        tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}-{os.path.basename(path)}")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)  # atomic and exclusive: fails if path exists
+            created = True
+        except FileExistsError:
+            created = False
+        finally:
+            os.unlink(tmp)
+        _fsync_dir(directory)
+        return created
+
+    def list(self, prefix: str) -> list[str]:
+        directory = self._path(prefix.rstrip("/"))
+        try:
+            names = os.listdir(directory)
+        except FileNotFoundError:
+            return []
+        base = prefix if prefix.endswith("/") else prefix + "/"
+        return sorted(base + n for n in names if not n.startswith(".tmp-"))
+
+    def delete(self, name: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._path(name))
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """An exclusive flock on ``.lock``; re-entrant within a thread (the coordinator nests it)."""
+        with self._thread_lock:
+            if self._depth == 0:
+                self._fd = os.open(os.path.join(self.root, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+                fcntl.flock(self._fd, fcntl.LOCK_EX)
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+                if self._depth == 0:
+                    fcntl.flock(self._fd, fcntl.LOCK_UN)
+                    os.close(self._fd)
+                    self._fd = -1
+
+    def clean_temporaries(self, older_than_s: float = 60.0) -> int:
+        """Remove temp files left by a writer that died mid-write (they never count as records)."""
+        removed = 0
+        now = time.time()
+        for folder in (self.root, os.path.join(self.root, "checkpoints")):
+            for n in os.listdir(folder):
+                p = os.path.join(folder, n)
+                if n.startswith(".tmp-") and now - os.path.getmtime(p) > older_than_s:
+                    with contextlib.suppress(OSError):
+                        os.unlink(p)
+                        removed += 1
+        return removed
+
+
+def _fsync_dir(directory: str) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError as e:  # some filesystems refuse fsync on directories
+        if e.errno not in (errno.EINVAL, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
+
+
+def open_store(location: str) -> LogStore:
+    """A :class:`LogStore` for ``location``: a local path now; ``s3://`` once an S3 store is registered."""
+    if "://" in location and not location.startswith("file://"):
+        scheme = location.split("://", 1)[0]
+        factory = _STORE_FACTORIES.get(scheme)
+        if factory is None:
+            raise ConfigurationError(
+                f"no transaction log store for {scheme}:// locations (log location {location!r}); "
+                f"known: file paths{', ' + ', '.join(s + '://' for s in _STORE_FACTORIES) if _STORE_FACTORIES else ''}")
+        return factory(location)
+    return LocalLogStore(location[len("file://"):] if location.startswith("file://") else location)
+
+
+_STORE_FACTORIES: dict[str, Any] = {}
+
+
+def register_store(scheme: str, factory: Any) -> None:
+    """Let ``open_store`` build stores for ``scheme://`` locations (the S3 store registers here)."""
+    _STORE_FACTORIES[scheme] = factory
+
+
+# --------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    """What the log knows of one checkpoint id."""
+
+    checkpoint_id: int
+    state: CheckpointState
+    handles: Mapping[str, Handle] = field(default_factory=dict)
+    properties: CheckpointProperties = field(default_factory=CheckpointProperties)
+    attempt: int = 1
+    timestamps: Mapping[str, float] = field(default_factory=dict)
+    reason: Optional[str] = None
+    source_offsets: Optional[Mapping[str, Any]] = None
+    task_state: Optional[Mapping[str, Any]] = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "checkpoint_id": self.checkpoint_id,
+            "state": self.state.value,
+            "attempt": self.attempt,
+            "properties": self.properties.to_json(),
+            "handles": dict(self.handles),
+            "timestamps": dict(self.timestamps),
+            "reason": self.reason,
+            "source_offsets": self.source_offsets,
+            "task_state": self.task_state,
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "CheckpointRecord":
+        return cls(int(d["checkpoint_id"]), CheckpointState(d["state"]), dict(d.get("handles") or {}),
+                   CheckpointProperties.from_json(d.get("properties") or {}), int(d.get("attempt", 1)),
+                   dict(d.get("timestamps") or {}), d.get("reason"), d.get("source_offsets"),
+                   d.get("task_state"))
+
+    def to_completed(self) -> CompletedCheckpoint:
+        return CompletedCheckpoint(self.checkpoint_id, dict(self.handles), self.properties,
+                                   self.timestamps.get("PENDING", 0.0), self.timestamps.get("COMPLETED", 0.0),
+                                   self.source_offsets, self.task_state)
+
+
+def encode_record(body: Mapping[str, Any]) -> bytes:
+    """Serialise ``body`` with a checksum header: ``twophase-log 1 <sha256> <len>\\n<json>``."""
+    payload = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    digest = hashlib.sha256(payload).hexdigest()
+    return f"{_MAGIC} {FORMAT_VERSION} {digest} {len(payload)}\n".encode() + payload
+
+
+def decode_record(data: bytes, where: str) -> dict[str, Any]:
+    """Parse and verify bytes written by :func:`encode_record` (invariant 2)."""
+    head, sep, payload = data.partition(b"\n")
+    parts = head.decode("ascii", "replace").split(" ")
+    if not sep or len(parts) != 4 or parts[0] != _MAGIC:
+        raise LogCorruptError(f"log record {where} has no valid header; refusing to read it")
+    if parts[1] != str(FORMAT_VERSION):
+        raise LogCorruptError(f"log record {where} has format version {parts[1]}, this twophase reads {FORMAT_VERSION}")
+    if not parts[3].isdigit() or int(parts[3]) != len(payload):
+        raise LogCorruptError(f"log record {where} is torn: length {len(payload)} != {parts[3]}")
+    if hashlib.sha256(payload).hexdigest() != parts[2]:
+        raise LogCorruptError(f"log record {where} fails its checksum; refusing to read it")
+    try:
+        return json.loads(payload)
+    except ValueError as e:
+        raise LogCorruptError(f"log record {where} does not parse: {e}") from e
+
+
+# --------------------------------------------------------------------------- the log
+
+
+class TransactionLog:
+    """The durable per-sink log of checkpoint decisions (see module invariants)."""
+
+    def __init__(self, store: LogStore, sink_id: str, *, retain: int = 100) -> None:
+        if retain < 2:
+            raise ConfigurationError(f"log.retain must be at least 2, got {retain}")
+        self.store = store
+        self.sink_id = sink_id
+        self.retain = retain
+
+    @classmethod
+    def open(cls, location: str, sink_id: str, *, retain: int = 100) -> "TransactionLog":
+        return cls(open_store(location), sink_id, retain=retain)
+
+    @property
+    def location(self) -> str:
+        return self.store.location
+
+    # ---- ownership (invariant 5)
+
+    def claim(self, owner: str) -> None:
+        """Bind this sink id to ``owner`` (e.g. a query's checkpoint location) or refuse a second owner."""
+        body = {"sink_id": self.sink_id, "owner": owner, "host": socket.gethostname(), "claimed_at": time.time()}
+        if self.store.put_if_absent("owner.json", encode_record(body)):
+            _log.info("log_claimed", sink_id=self.sink_id, owner=owner, location=self.location)
+            return
+        current = self.owner()
+        if current is None or current.get("owner") != owner or current.get("sink_id") != self.sink_id:
+            raise ConcurrentWriterError(
+                f"sink id {self.sink_id!r} (log {self.location}) is owned by "
+                f"{current.get('owner') if current else '?'!r}; this writer is {owner!r}. Two queries must not share "
+                "a sink: give this one its own output path or 'sink.id', or delete the old output to start over")
+
+    def owner(self) -> Optional[dict[str, Any]]:
+        data = self.store.get("owner.json")
+        return None if data is None else decode_record(data, f"{self.location}/owner.json")
+
+    # ---- records
+
+    @staticmethod
+    def _name(checkpoint_id: int) -> str:
+        return f"checkpoints/{checkpoint_id:020d}.json"
+
+    def get(self, checkpoint_id: int) -> Optional[CheckpointRecord]:
+        name = self._name(checkpoint_id)
+        data = self.store.get(name)
+        if data is None:
+            return None
+        body = decode_record(data, f"{self.location}/{name}")
+        if body.get("sink_id") not in (None, self.sink_id):
+            raise LogCorruptError(f"log record {name} belongs to sink {body.get('sink_id')!r}, not {self.sink_id!r}")
+        return CheckpointRecord.from_json(body["record"])
+
+    def records(self) -> list[CheckpointRecord]:
+        """Every record, in checkpoint id order."""
+        out = []
+        for name in self.store.list("checkpoints/"):
+            base = name.rsplit("/", 1)[-1]
+            if base.endswith(".json") and base[:-5].isdigit():
+                rec = self.get(int(base[:-5]))
+                if rec is not None:
+                    out.append(rec)
+        return out
+
+    def checkpoint_ids(self) -> list[int]:
+        ids = []
+        for name in self.store.list("checkpoints/"):
+            base = name.rsplit("/", 1)[-1]
+            if base.endswith(".json") and base[:-5].isdigit():
+                ids.append(int(base[:-5]))
+        return sorted(ids)
+
+    def highest_committed(self) -> Optional[int]:
+        """The highest COMMITTED checkpoint id (kept through pruning, invariant 4)."""
+        for cid in reversed(self.checkpoint_ids()):
+            rec = self.get(cid)
+            if rec is not None and rec.state is CheckpointState.COMMITTED:
+                return cid
+        return None
+
+    def unfinished(self) -> list[CheckpointRecord]:
+        """PENDING and COMPLETED records (the ones recovery must act on), in id order."""
+        return [r for r in self.records() if not r.state.is_final]
+
+    def transition(self, checkpoint_id: int, target: CheckpointState, **changes: Any) -> CheckpointRecord:
+        """Move ``checkpoint_id`` to ``target`` (invariant 3) and write the record durably (invariant 1)."""
+        current = self.get(checkpoint_id)
+        source = current.state if current else None
+        check_transition(source, target, what=f"checkpoint {checkpoint_id} of sink {self.sink_id!r}")
+        now = time.time()
+        if current is None or (source is CheckpointState.ABORTED and target is CheckpointState.PENDING):
+            attempt = 1 if current is None else current.attempt + 1
+            base = CheckpointRecord(checkpoint_id, target, attempt=attempt)
+            timestamps: dict[str, float] = {}
+        else:
+            base = current
+            timestamps = dict(current.timestamps)
+        timestamps[target.value] = now
+        record = replace(base, state=target, timestamps=timestamps, **changes)
+        self._write(record)
+        _log.debug("log_transition", sink_id=self.sink_id, checkpoint_id=checkpoint_id,
+                   source=source.value if source else None, target=target.value)
+        return record
+
+    def _write(self, record: CheckpointRecord) -> None:
+        body = {"sink_id": self.sink_id, "record": record.to_json()}
+        self.store.put(self._name(record.checkpoint_id), encode_record(body))
+
+    def prune(self) -> int:
+        """Apply retention (invariant 4); returns how many records were removed."""
+        final = [r for r in self.records() if r.state.is_final]
+        if len(final) <= self.retain:
+            return 0
+        keep_ids = {r.checkpoint_id for r in final[-self.retain:]}
+        committed = [r.checkpoint_id for r in final if r.state is CheckpointState.COMMITTED]
+        if committed:
+            keep_ids.add(committed[-1])
+        removed = 0
+        for r in final:
+            if r.checkpoint_id not in keep_ids:
+                self.store.delete(self._name(r.checkpoint_id))
+                removed += 1
+        return removed
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator["TransactionLog"]:
+        """Hold the store's lock for a multi-step decision."""
+        with self.store.lock():
+            yield self

@@ -1,0 +1,98 @@
+"""Protocol states and the only place their transitions are checked.
+
+Checkpoint states (one record per checkpoint id in the transaction log)::
+
+        trigger            all tasks acked,              every handle
+    ∅ ──────────► PENDING ──record durable──► COMPLETED ──committed──► COMMITTED
+                     │                                                  (final)
+                     │ decline / timeout / subsumed / task failure
+                     ▼
+                  ABORTED ──► PENDING   (only a re-run of the same checkpoint id,
+                  (final for            which Spark does when a batch failed)
+                   its attempt)
+
+A COMPLETED checkpoint is never aborted: once the decision is durable it is
+committed, on recovery if need be (invariant 1 of :mod:`twophase.coordinator`).
+
+Transaction states (one per sink transaction, i.e. per task and checkpoint)::
+
+    OPEN ──pre_commit──► PRE_COMMITTED ──commit──► COMMITTED
+      │                        │
+      └────────abort───────────┴──abort──► ABORTED
+
+Every move goes through :func:`check_transition`, which raises
+:class:`~twophase.errors.InvalidTransitionError` for anything not in the tables.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Optional, Union
+
+from twophase.errors import InvalidTransitionError
+
+
+class CheckpointState(str, enum.Enum):
+    """State of one checkpoint id in a sink's transaction log."""
+
+    PENDING = "PENDING"
+    COMPLETED = "COMPLETED"
+    COMMITTED = "COMMITTED"
+    ABORTED = "ABORTED"
+
+    @property
+    def is_decided(self) -> bool:
+        """True once the outcome is fixed: COMPLETED (will commit), COMMITTED or ABORTED."""
+        return self is not CheckpointState.PENDING
+
+    @property
+    def is_final(self) -> bool:
+        """True when nothing more happens to this attempt: COMMITTED or ABORTED."""
+        return self in (CheckpointState.COMMITTED, CheckpointState.ABORTED)
+
+
+class TransactionState(str, enum.Enum):
+    """State of one sink transaction (one task's writes for one checkpoint)."""
+
+    OPEN = "OPEN"
+    PRE_COMMITTED = "PRE_COMMITTED"
+    COMMITTED = "COMMITTED"
+    ABORTED = "ABORTED"
+
+
+State = Union[CheckpointState, TransactionState]
+
+#: Allowed checkpoint moves; ``None`` is "no record yet".
+CHECKPOINT_TRANSITIONS: dict[Optional[CheckpointState], frozenset[CheckpointState]] = {
+    None: frozenset({CheckpointState.PENDING}),
+    CheckpointState.PENDING: frozenset({CheckpointState.COMPLETED, CheckpointState.ABORTED}),
+    CheckpointState.COMPLETED: frozenset({CheckpointState.COMMITTED}),
+    CheckpointState.COMMITTED: frozenset(),
+    # A checkpoint id can be attempted again after an abort (Spark re-runs a failed batch id).
+    CheckpointState.ABORTED: frozenset({CheckpointState.PENDING}),
+}
+
+#: Allowed transaction moves; ``None`` is "not begun".
+TRANSACTION_TRANSITIONS: dict[Optional[TransactionState], frozenset[TransactionState]] = {
+    None: frozenset({TransactionState.OPEN}),
+    TransactionState.OPEN: frozenset({TransactionState.PRE_COMMITTED, TransactionState.ABORTED}),
+    TransactionState.PRE_COMMITTED: frozenset({TransactionState.COMMITTED, TransactionState.ABORTED}),
+    TransactionState.COMMITTED: frozenset(),
+    TransactionState.ABORTED: frozenset(),
+}
+
+
+def is_transition_valid(source: Optional[State], target: State) -> bool:
+    """Whether the protocol allows moving from ``source`` (None: nothing yet) to ``target``."""
+    table: dict = CHECKPOINT_TRANSITIONS if isinstance(target, CheckpointState) else TRANSACTION_TRANSITIONS
+    if source is not None and type(source) is not type(target):
+        return False
+    return target in table.get(source, frozenset())
+
+
+def check_transition(source: Optional[State], target: State, *, what: str = "") -> None:
+    """Raise :class:`InvalidTransitionError` unless ``source -> target`` is allowed."""
+    if not is_transition_valid(source, target):
+        src = source.value if source is not None else "<none>"
+        label = f" for {what}" if what else ""
+        raise InvalidTransitionError(f"invalid transition {src} -> {target.value}{label}")
