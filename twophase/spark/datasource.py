@@ -1,0 +1,119 @@
+"""The Spark adapter: PySpark's Python Data Source API driving the same sink hooks as the runtime.
+
+A micro-batch is a checkpoint. Where each piece runs:
+
+- ``streamWriter()`` runs on the driver (in a planner worker) before EVERY micro-batch and again in
+  the commit worker right before ``commit``: it validates options, claims the sink's log for this
+  query (its ``checkpointLocation``), and runs recovery, which is cheap when there is nothing to do.
+- ``write()`` runs on executors, once per partition attempt: begin, write, pre_commit; the returned
+  commit message is the task's ack and carries the JSON handle. The batch id comes from Spark's
+  ``streaming.sql.batchId`` local property.
+- ``commit(messages, batchId)`` runs on the driver in a separate, long-lived Python worker and may be
+  called more than once for a batch id; Spark also re-runs a batch whose own commit log entry is
+  missing. Nothing is kept in driver globals: every call builds its coordinator from the sink's
+  durable log, which alone decides (see :meth:`CheckpointCoordinator.complete_batch`).
+- ``abort(messages, batchId)`` runs on the driver when a task failed: every prepared handle is aborted.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, Iterator, List, Mapping, Optional
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
+from pyspark.sql.types import StructType
+
+from twophase._logging import get_logger
+from twophase.coordinator import CheckpointCoordinator
+from twophase.errors import ConfigurationError
+from twophase.sink import Ack, Guarantee, TransactionContext, TwoPhaseCommitSink, run_task
+
+_log = get_logger(__name__)
+
+BATCH_ID_PROPERTY = "streaming.sql.batchId"
+
+
+@dataclass
+class TwoPhaseCommitMessage(WriterCommitMessage):
+    """A task's ack: the checkpoint id, task id, attempt and the sink's JSON handle."""
+
+    ack: dict = field(default_factory=dict)
+
+    def to_ack(self) -> Ack:
+        a = self.ack
+        return Ack(int(a["checkpoint_id"]), str(a["task_id"]), str(a["attempt_uid"]), a["handle"], int(a.get("records", 0)))
+
+
+def _acks(messages: List[Optional[WriterCommitMessage]]) -> list[Optional[Ack]]:
+    return [m.to_ack() if isinstance(m, TwoPhaseCommitMessage) else None for m in messages]
+
+
+def prepare_sink(sink: TwoPhaseCommitSink[Any, Any], owner: Optional[str], *, what: str) -> None:
+    """Driver-side start of a query (or batch): validate, claim the log for ``owner``, recover.
+
+    Exactly-once needs the query's checkpoint location as the log's owner; it is what lets a
+    restarted query take its sink back while a second query is refused.
+    """
+    validate = getattr(sink, "validate_destination", None)
+    if validate is not None:
+        validate()
+    if getattr(sink, "guarantee", Guarantee.EXACTLY_ONCE) is Guarantee.AT_LEAST_ONCE:
+        return
+    if not owner:
+        raise ConfigurationError(
+            f"{what}: exactly-once needs the query's checkpoint location: add "
+            ".option('checkpointLocation', '/path/to/checkpoint') to writeStream (a session-wide "
+            "spark.sql.streaming.checkpointLocation is not visible to Python sinks)")
+    log = sink.transaction_log()
+    log.claim(owner)
+    CheckpointCoordinator(sink, log).recover()
+
+
+class TwoPhaseStreamWriter(DataSourceStreamArrowWriter):
+    """Drives a :class:`TwoPhaseCommitSink` from Spark (see module docstring for where each runs)."""
+
+    def __init__(self, sink: TwoPhaseCommitSink[Any, Any]) -> None:
+        self.sink = sink
+
+    def write(self, iterator: Iterator[Any]) -> TwoPhaseCommitMessage:
+        from pyspark import TaskContext
+        tc = TaskContext.get()
+        if tc is None:
+            raise RuntimeError("twophase stream writer called outside a Spark task")
+        batch_id = tc.getLocalProperty(BATCH_ID_PROPERTY)
+        if batch_id is None:
+            raise RuntimeError(f"Spark did not set {BATCH_ID_PROPERTY}; twophase sinks need a micro-batch query")
+        ctx = TransactionContext(self.sink.sink_id, int(batch_id), str(tc.partitionId()), tc.attemptNumber())
+        ack = run_task(self.sink, ctx, iterator)
+        return TwoPhaseCommitMessage(ack.to_json())
+
+    def commit(self, messages: List[Optional[WriterCommitMessage]], batchId: int) -> None:
+        if getattr(self.sink, "guarantee", None) is Guarantee.AT_LEAST_ONCE:
+            return
+        acks = _acks(messages)
+        CheckpointCoordinator(self.sink).complete_batch(batchId, acks, expected_tasks=[str(i) for i in range(len(messages))])
+
+    def abort(self, messages: List[Optional[WriterCommitMessage]], batchId: int) -> None:
+        if getattr(self.sink, "guarantee", None) is Guarantee.AT_LEAST_ONCE:
+            return
+        CheckpointCoordinator(self.sink).abort_batch(batchId, _acks(messages), "a Spark task failed")
+
+
+class TwoPhaseSinkDataSource(DataSource, abc.ABC):
+    """Base of every twophase Spark format that writes: subclasses set ``short_name`` and ``build_sink``."""
+
+    short_name: str = ""
+
+    @classmethod
+    def name(cls) -> str:
+        return cls.short_name
+
+    @abc.abstractmethod
+    def build_sink(self, schema: StructType) -> TwoPhaseCommitSink[Any, Any]:
+        """Validate ``self.options`` and build the sink (driver side; raises ConfigurationError)."""
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> TwoPhaseStreamWriter:
+        sink = self.build_sink(schema)
+        prepare_sink(sink, self.options.get("checkpointlocation"), what=self.short_name)
+        return TwoPhaseStreamWriter(sink)

@@ -1,0 +1,48 @@
+"""``foreach_batch(sink)``: the same exactly-once guarantee for pipelines built on ``foreachBatch``.
+
+The returned function runs on the driver for each micro-batch: it recovers the sink, runs every
+partition's side of the protocol on the executors through ``mapInArrow`` (each task yields its ack
+as one JSON row), then completes checkpoint ``batch_id`` with the coordinator, keyed by batch id
+exactly like the streaming writer, so a re-run batch is never committed twice.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable, Iterator
+
+from twophase.coordinator import CheckpointCoordinator
+from twophase.sink import Ack, Guarantee, TransactionContext, TwoPhaseCommitSink, run_task
+
+
+def foreach_batch(sink: TwoPhaseCommitSink[Any, Any], *, owner: str | None = None) -> Callable[[Any, int], None]:
+    """Return a ``foreachBatch`` function writing each batch to ``sink`` exactly once.
+
+    ``owner`` identifies the query for the sink's log (use the query's checkpoint location);
+    it defaults to the sink id.
+    """
+    owner = owner or f"foreachBatch:{sink.sink_id}"
+
+    def write_batch(df: Any, batch_id: int) -> None:
+        from twophase.spark.datasource import prepare_sink
+        prepare_sink(sink, owner, what="foreach_batch")
+        num_partitions = df.rdd.getNumPartitions()
+
+        def task(batches: Iterator[Any]) -> Iterator[Any]:
+            import pyarrow as pa
+            from pyspark import TaskContext
+            tc = TaskContext.get()
+            ctx = TransactionContext(sink.sink_id, batch_id, str(tc.partitionId()), tc.attemptNumber())
+            ack = run_task(sink, ctx, batches)
+            yield pa.RecordBatch.from_pylist([{"ack": json.dumps(ack.to_json())}])
+
+        rows = df.mapInArrow(task, "ack string").collect()
+        if getattr(sink, "guarantee", None) is Guarantee.AT_LEAST_ONCE:
+            return
+        acks = []
+        for r in rows:
+            a = json.loads(r["ack"])
+            acks.append(Ack(a["checkpoint_id"], a["task_id"], a["attempt_uid"], a["handle"], a.get("records", 0)))
+        CheckpointCoordinator(sink).complete_batch(batch_id, acks, expected_tasks=[str(i) for i in range(num_partitions)])
+
+    return write_batch
