@@ -4,7 +4,8 @@ Invariants (named in tests as ``test_checkpoint_invN_*``):
 
 1. A :class:`PendingCheckpoint` completes only when every task in ``tasks_to_ack`` has acked once.
 2. An ack is counted at most once per task: a second ack of the same task is ``DUPLICATE`` and its
-   handle must be aborted by the caller, never committed.
+   handle must be aborted by the caller, never committed (unless it is the very handle already
+   accepted, i.e. the same ack delivered twice).
 3. An ack from a task that is not expected is ``UNKNOWN``; an ack to a disposed (completed or
    aborted) checkpoint is ``DISCARDED``. In both cases the caller aborts the handle.
 4. A :class:`CompletedCheckpoint` is immutable and holds exactly one handle per expected task.

@@ -4,7 +4,8 @@ The protocol, step by step (marked ``# step N`` in the code):
 
 1. trigger: a PendingCheckpoint is created for the tasks that must ack; its PENDING record is written.
 2. ack: each task acks with its pre-committed handle; duplicates, unknown tasks and acks to disposed
-   checkpoints are aborted at once, never committed.
+   checkpoints are aborted at once, never committed (except a redelivered ack carrying the very handle
+   the checkpoint already accepted or recorded: that one is left to be committed).
 3. complete: once every task acked, the CompletedCheckpoint (with every handle) is made durable in the
    log, BEFORE anything is committed.
 4. commit: the sink commits the checkpoint's handles, then COMMITTED is recorded.
@@ -180,11 +181,23 @@ class CheckpointCoordinator:
                       else TaskAcknowledgeResult.DISCARDED)
             if result is not TaskAcknowledgeResult.SUCCESS:
                 _log.warning("ack_rejected", checkpoint_id=ack.checkpoint_id, task=ack.task_id, result=result.value)
-                self.sink.abort(ack.handle)  # invariant 4: never committed
+                if not self._is_accepted(ack, pending):
+                    self.sink.abort(ack.handle)  # invariant 4: never committed
                 return result
             if pending.is_fully_acknowledged:
                 self._complete_and_commit(pending)
             return result
+
+    def _is_accepted(self, ack: Ack, pending: Optional[PendingCheckpoint]) -> bool:
+        """Whether a rejected ack carries a handle its checkpoint already took (a redelivered ack).
+
+        Such a handle will be (or was) committed; aborting it would lose a decided checkpoint's data.
+        """
+        if pending is not None and ack.handle in pending.acked_handles.values():
+            return True
+        rec = self.log.get(ack.checkpoint_id)
+        return (rec is not None and rec.state in (CheckpointState.COMPLETED, CheckpointState.COMMITTED)
+                and ack.handle in rec.handles.values())
 
     def decline(self, checkpoint_id: int, task_id: str, reason: str) -> None:
         """A task cannot take part in ``checkpoint_id``: abort it (invariant 4)."""
