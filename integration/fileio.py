@@ -1,0 +1,98 @@
+"""Helpers shared by the file-sink integration tests, the demo and the benchmark: input and checks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from typing import Optional
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FILE_JOB = os.path.join(ROOT, "integration", "jobs", "file_job.py")
+
+
+def make_input(directory: str, files: int, rows_per_file: int) -> list[int]:
+    """Write ``files`` JSON-lines files of consecutive ids; returns every id written."""
+    os.makedirs(directory, exist_ok=True)
+    ids = []
+    for f in range(files):
+        with open(os.path.join(directory, f"in-{f:05d}.json"), "w") as out:
+            for i in range(f * rows_per_file, (f + 1) * rows_per_file):
+                out.write(json.dumps({"id": i, "grp": f"g{i % 3}", "payload": f"row-{i}"}) + "\n")
+                ids.append(i)
+    return ids
+
+
+@dataclass
+class ExactlyOnceReport:
+    expected: int
+    found: int
+    duplicated: int
+    missing: int
+    unexpected: int
+
+    @property
+    def ok(self) -> bool:
+        return self.found == self.expected and self.duplicated == 0 and self.missing == 0 and self.unexpected == 0
+
+    def line(self) -> str:
+        return (f"expected={self.expected} found={self.found} duplicated={self.duplicated} "
+                f"missing={self.missing} unexpected={self.unexpected} -> {'EXACTLY ONCE' if self.ok else 'FAILED'}")
+
+
+def read_ids(out: str, fmt: str = "parquet") -> list[int]:
+    """Every id a plain reader of ``out`` sees (pyarrow.dataset; skips _ and . names like Spark)."""
+    import pyarrow.dataset as ds
+    if not os.path.isdir(out):
+        return []
+    fmt_name = {"json": "json", "csv": "csv", "parquet": "parquet"}[fmt]
+    dataset = ds.dataset(out, format=fmt_name, partitioning="hive", exclude_invalid_files=False)
+    if not dataset.files:
+        return []
+    return dataset.to_table(columns=["id"]).column("id").to_pylist()
+
+
+def check_exactly_once(expected_ids: list[int], found_ids: list[int]) -> ExactlyOnceReport:
+    want = Counter(expected_ids)
+    got = Counter(found_ids)
+    return ExactlyOnceReport(
+        expected=len(expected_ids), found=len(found_ids),
+        duplicated=sum(c - 1 for i, c in got.items() if c > 1 and i in want),
+        missing=sum(1 for i in want if i not in got),
+        unexpected=sum(c for i, c in got.items() if i not in want))
+
+
+def staging_leftovers(out: str) -> list[str]:
+    """Staged attempt directories still under ``out/_twophase/staging``."""
+    staging = os.path.join(out, "_twophase", "staging")
+    left = []
+    if os.path.isdir(staging):
+        for d in os.listdir(staging):
+            for a in os.listdir(os.path.join(staging, d)):
+                left.append(f"{d}/{a}")
+    return left
+
+
+def run_file_job(input_dir: str, out: str, checkpoint: str, *, fault: Optional[str] = None,
+                 marker: Optional[str] = None, timeout: float = 300, extra: tuple[str, ...] = (),
+                 log_path: Optional[str] = None) -> int:
+    """Run the job in its own session (so a fault's SIGKILL takes only the job); returns its exit code."""
+    env = dict(os.environ)
+    env.pop("TWOPHASE_FAULT", None)
+    env["PYSPARK_PYTHON"] = sys.executable
+    if fault:
+        env["TWOPHASE_FAULT"] = fault
+        if marker:
+            env["TWOPHASE_FAULT_MARKER"] = marker
+    cmd = [sys.executable, FILE_JOB, "--input", input_dir, "--out", out, "--checkpoint", checkpoint, *extra]
+    with open(log_path or os.devnull, "ab") as logf:
+        p = subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            return p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, 9)
+            p.wait()
+            raise
