@@ -329,6 +329,9 @@ class CheckpointCoordinator:
             for a in acks:
                 if a is not None and a.handle not in recorded:
                     self.sink.abort(a.handle)
+            highest = self.log.highest_committed() if rec is None else None
+            if highest is not None and checkpoint_id < highest:
+                return  # committed and pruned (as in complete_batch): a new record would reopen it
             if rec is None or rec.state is CheckpointState.ABORTED:
                 self.log.transition(checkpoint_id, CheckpointState.PENDING)
                 rec = self.log.get(checkpoint_id)
