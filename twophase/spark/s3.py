@@ -1,0 +1,17 @@
+"""Spark format ``twophase-s3``: exactly-once objects on S3 through multipart uploads."""
+
+from __future__ import annotations
+
+from pyspark.sql.types import StructType
+
+from sinks.s3 import S3Sink
+from twophase.spark.datasource import TwoPhaseSinkDataSource
+
+
+class S3DataSource(TwoPhaseSinkDataSource):
+    """``df.writeStream.format("twophase-s3").option("path", "s3://bucket/prefix")`` — see :mod:`sinks.s3`."""
+
+    short_name = "twophase-s3"
+
+    def build_sink(self, schema: StructType) -> S3Sink:
+        return S3Sink.from_options(dict(self.options), schema)
