@@ -14,13 +14,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FILE_JOB = os.path.join(ROOT, "integration", "jobs", "file_job.py")
 
 
-def make_input(directory: str, files: int, rows_per_file: int) -> list[int]:
-    """Write ``files`` JSON-lines files of consecutive ids; returns every id written."""
+def make_input(directory: str, files: int, rows_per_file: int, *, start: int = 0) -> list[int]:
+    """Write ``files`` JSON-lines files of consecutive ids from ``start``; returns every id written.
+
+    Files are named after their first id, so a later call with a higher ``start`` adds files that
+    Spark's file source picks up as new input.
+    """
     os.makedirs(directory, exist_ok=True)
     ids = []
     for f in range(files):
-        with open(os.path.join(directory, f"in-{f:05d}.json"), "w") as out:
-            for i in range(f * rows_per_file, (f + 1) * rows_per_file):
+        first = start + f * rows_per_file
+        with open(os.path.join(directory, f"in-{first:012d}.json"), "w") as out:
+            for i in range(first, first + rows_per_file):
                 out.write(json.dumps({"id": i, "grp": f"g{i % 3}", "payload": f"row-{i}"}) + "\n")
                 ids.append(i)
     return ids

@@ -85,6 +85,14 @@ class FileSinkOptions:
         return opts
 
 
+def _slices(batch: pa.RecordBatch, max_bytes: int) -> list[pa.RecordBatch]:
+    """Cut ``batch`` into slices of about ``max_bytes`` in memory, so a file rolls close to its limit."""
+    if batch.num_rows <= 1 or batch.nbytes <= max_bytes:
+        return [batch]
+    rows = max(1, int(batch.num_rows * max_bytes / batch.nbytes))
+    return [batch.slice(i, rows) for i in range(0, batch.num_rows, rows)]
+
+
 @dataclass
 class _OpenFile:
     staged_rel: str
@@ -151,12 +159,13 @@ class FileSink(TwoPhaseCommitSink[dict, FileTransaction]):
         if batch.num_rows == 0:
             return 0
         for part_rel, part in split_by_partition(batch, self.options.partition_by):
-            f = txn.open_files.get(part_rel)
-            if f is None:
-                f = txn.open_files[part_rel] = self._open(txn, part_rel, part.schema)
-            f.writer.write(part)
-            if f.writer.bytes_written >= self.options.max_file_size:
-                self._close(txn, txn.open_files.pop(part_rel))
+            for piece in _slices(part, self.options.max_file_size // 4):
+                f = txn.open_files.get(part_rel)
+                if f is None:
+                    f = txn.open_files[part_rel] = self._open(txn, part_rel, piece.schema)
+                f.writer.write(piece)
+                if f.writer.bytes_written >= self.options.max_file_size:
+                    self._close(txn, txn.open_files.pop(part_rel))
         txn.records += batch.num_rows
         return batch.num_rows
 

@@ -1,0 +1,23 @@
+"""One SparkSession per test module, configured for this machine (local[2], no UI, venv Python)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+
+def make_spark(app: str = "twophase-tests", cores: int = 2) -> Any:
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+    import twophase.spark
+
+    spark = (SparkSession.builder.master(f"local[{cores}]").appName(app)
+             .config("spark.ui.enabled", "false")
+             .config("spark.sql.shuffle.partitions", "3")
+             .config("spark.sql.streaming.stopTimeout", "30s")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    twophase.spark.register(spark)
+    return spark
