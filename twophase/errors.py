@@ -70,3 +70,7 @@ class TransientSinkError(TwoPhaseError):
     """A sink hit a transient I/O problem; the task or commit may be retried."""
 
     retriable = True
+
+
+class JobFailedError(TwoPhaseError):
+    """An embedded-runtime job failed and its restart strategy allows no more restarts; the cause is chained."""
