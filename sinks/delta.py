@@ -1,0 +1,524 @@
+"""Exactly-once Delta Lake tables (local path or S3): data files first, then ONE Delta commit per checkpoint.
+
+Executors write Parquet data files straight into the table location (Hive-style partition directories);
+a data file no Delta commit references is invisible to every Delta reader. A task's handle is the list
+of its files as Delta Add actions (path, size, partition values, stats). The driver commits a whole
+checkpoint atomically (:meth:`DeltaSink.commit_checkpoint`): one Delta commit with every Add action of
+every task and an app transaction ``(app id = sink id, version = checkpoint id)``. Commits go through
+deltalake (delta-rs); on S3 its conditional put (If-None-Match) makes concurrent commits safe.
+
+Layout::
+
+    <table>/_delta_log/                         the Delta log (the table's truth)
+    <table>/<a=1>/part-<ckpt>-<task>-<attempt>-<seq>.parquet   data files
+    <table>/_twophase/log/                      twophase's transaction log for this sink
+
+Invariants (``test_delta_sink_invN_*``):
+
+1. Rows become visible only through the checkpoint's single Delta commit: all of a checkpoint or none.
+2. A checkpoint is committed at most once: the commit is skipped when the table's transaction version
+   for the app id is already ``>= checkpoint id`` (delta-rs accepts duplicates, so the check is ours).
+3. ``abort`` deletes only the files of the handle, which no Delta commit references.
+4. ``abort_lingering(n)`` deletes data files of checkpoints ``<= n`` that no Delta commit references
+   (crashed tasks, failed attempts), and aborts in-progress S3 uploads of those checkpoints. It never
+   looks at a checkpoint twice (a watermark in the sink's log), so files that a later OPTIMIZE removed
+   from the snapshot stay for time travel and VACUUM.
+5. The stream's schema is checked on the driver before any data moves: a new column needs
+   ``mergeSchema=true`` (then it is added, nullable, in a metadata-only commit); a changed type or other
+   partition columns are refused with a :class:`~twophase.errors.ConfigurationError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import json
+import math
+import os
+import time
+import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Collection, Iterator, Mapping, Optional, Sequence
+
+import pyarrow as pa
+
+from sinks._formats import ParquetFormatWriter, split_by_partition
+from sinks.s3 import (MultipartStream, S3_CLIENT_OPTIONS, abort_lingering_uploads, check_bucket, check_partition_columns,
+                      complete_upload, multipart_etag, object_name, s3_config_from, OBJECT_NAME)
+from twophase import faults
+from twophase._logging import get_logger
+from twophase.errors import ConfigurationError, MissingDependencyError, TransientSinkError, TwoPhaseError
+from twophase.log import LocalLogStore, TransactionLog, _fsync_dir, open_store
+from twophase.log_s3 import S3Config, S3LogStore, error_code, parse_s3_url
+from twophase.options import Option, parse_bool, parse_choice, parse_list, parse_options, parse_size
+from twophase.sink import Guarantee, TransactionContext, TwoPhaseCommitSink
+
+_log = get_logger(__name__)
+
+INTERNAL_DIR = "_twophase"
+WATERMARK = "delta_orphans_scanned.json"
+
+DELTA_OPTIONS: tuple[Option[Any], ...] = (
+    Option("path", str, required=True, help="the table: a local directory or s3://bucket/prefix"),
+    Option("partitionBy", parse_list, (), help="comma-separated partition columns (Spark's partitionBy() does not "
+           "reach Python sinks; use this option)"),
+    Option("mergeSchema", parse_bool, False, help="add new columns of the stream to the table's schema"),
+    Option("targetFileSize", parse_size, 128 << 20, help="roll to a new data file past this many bytes (e.g. 128m)"),
+    Option("partSize", parse_size, 8 << 20, help="multipart part size for tables on S3, at least 5m"),
+    Option("compression", parse_choice("snappy", "zstd", "gzip", "none"), "snappy", help="Parquet compression"),
+    *S3_CLIENT_OPTIONS,
+)
+
+
+def _deltalake() -> Any:
+    try:
+        import deltalake
+    except ImportError as e:  # pragma: no cover - depends on the install
+        raise MissingDependencyError("twophase-delta needs deltalake: pip install 'twophase[delta]'") from e
+    return deltalake
+
+
+@dataclass(frozen=True)
+class DeltaSinkOptions:
+    """Validated options of the Delta sink (see :data:`DELTA_OPTIONS`)."""
+
+    uri: str
+    partition_by: tuple[str, ...] = ()
+    merge_schema: bool = False
+    target_file_size: int = 128 << 20
+    part_size: int = 8 << 20
+    compression: str = "snappy"
+    s3: S3Config = field(default_factory=S3Config)
+    storage: Mapping[str, str] = field(default_factory=dict)
+    schema: Optional[pa.Schema] = None
+    sink_id: Optional[str] = None
+    guarantee: Guarantee = Guarantee.EXACTLY_ONCE
+    log_location: Optional[str] = None
+    log_retain: int = 100
+    owner: Optional[str] = None
+
+    @property
+    def on_s3(self) -> bool:
+        return self.uri.split("://", 1)[0].lower() in ("s3", "s3a") and "://" in self.uri
+
+    @classmethod
+    def from_options(cls, raw: Mapping[str, Any], schema: Optional[pa.Schema] = None) -> "DeltaSinkOptions":
+        """Parse Spark's string options; ``schema`` is the stream's Arrow schema (checked at start)."""
+        o = parse_options(raw, DELTA_OPTIONS, sink="twophase-delta", prefixes=("storage.",))
+        path = str(o["path"])
+        if "://" in path and not path.startswith("file://"):
+            parse_s3_url(path)  # only local paths and S3 are supported
+            uri = path.rstrip("/")
+        else:
+            uri = os.path.abspath(os.path.expanduser(path.removeprefix("file://")))
+        if o["partSize"] < 5 << 20:
+            raise ConfigurationError("twophase-delta: option 'partSize' is below S3's minimum part size; use at least 5m")
+        storage = {k[len("storage."):]: str(v) for k, v in o.items() if k.startswith("storage.")}
+        if o["guarantee"] != Guarantee.EXACTLY_ONCE.value:
+            raise ConfigurationError("twophase-delta: option 'guarantee' can only be 'exactly-once' (a Delta commit is "
+                                     "already transactional; use deltalake directly for unchecked appends)")
+        opts = cls(uri=uri, partition_by=o["partitionBy"], merge_schema=o["mergeSchema"],
+                   target_file_size=o["targetFileSize"], part_size=o["partSize"], compression=o["compression"],
+                   s3=s3_config_from(o), storage=storage, schema=schema, sink_id=o["sink.id"],
+                   log_location=o["log.location"], log_retain=o["log.retain"], owner=o["checkpointlocation"])
+        check_partition_columns("twophase-delta", opts.partition_by, schema)
+        return opts
+
+    def storage_options(self) -> Optional[dict[str, str]]:
+        """deltalake storage options: S3 settings from the ``s3.*`` options / environment, then ``storage.*``."""
+        out = self.s3.delta_storage_options() if self.on_s3 else {}
+        out.update(self.storage)
+        return out or None
+
+
+# --------------------------------------------------------------------------- where data files live
+
+
+class _LocalFiles:
+    """Data files in a local (or POSIX-shared) table directory."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+
+    def open(self, rel: str, pool: ThreadPoolExecutor) -> Any:
+        path = os.path.join(self.root, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        return open(path, "wb")
+
+    def finish(self, stream: Any) -> int:
+        stream.flush()
+        os.fsync(stream.fileno())
+        size = stream.tell()
+        stream.close()
+        _fsync_dir(os.path.dirname(stream.name))
+        return size
+
+    def discard(self, stream: Any, rel: str) -> None:
+        with contextlib.suppress(Exception):
+            stream.close()
+        self.delete(rel)
+
+    def delete(self, rel: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(self.root, rel))
+
+    def list_data(self) -> Iterator[str]:
+        for dirpath, dirnames, filenames in os.walk(self.root):
+            dirnames[:] = [d for d in dirnames if not d.startswith(("_", "."))]
+            for n in filenames:
+                yield os.path.relpath(os.path.join(dirpath, n), self.root).replace(os.sep, "/")
+
+    def abort_uploads(self, up_to: int) -> int:
+        return 0
+
+
+class _S3Files:
+    """Data files on S3: each is a multipart upload, completed at pre_commit (a Delta commit makes it visible)."""
+
+    def __init__(self, uri: str, config: S3Config, part_size: int) -> None:
+        self.bucket, self.prefix = parse_s3_url(uri)
+        self.config, self.part_size = config, part_size
+        self._client: Any = None
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            self._client = self.config.client()
+        return self._client
+
+    def key(self, rel: str) -> str:
+        return f"{self.prefix}/{rel}" if self.prefix else rel
+
+    def open(self, rel: str, pool: ThreadPoolExecutor) -> Any:
+        return MultipartStream(self.client, self.bucket, self.key(rel), self.part_size, pool)
+
+    def finish(self, stream: MultipartStream) -> int:
+        parts = stream.finish()
+        complete_upload(self.client, {"bucket": self.bucket, "key": stream.key, "upload_id": stream.upload_id,
+                                      "parts": parts, "etag": multipart_etag(parts)})
+        return stream.tell()
+
+    def discard(self, stream: MultipartStream, rel: str) -> None:
+        with contextlib.suppress(Exception):
+            stream.abort()
+
+    def delete(self, rel: str) -> None:
+        try:
+            self.client.delete_object(Bucket=self.bucket, Key=self.key(rel))
+        except Exception as e:
+            if error_code(e) not in ("NoSuchKey", "404"):
+                raise TransientSinkError(f"twophase-delta: cannot delete s3://{self.bucket}/{self.key(rel)}: {e}") from e
+
+    def list_data(self) -> Iterator[str]:
+        base = f"{self.prefix}/" if self.prefix else ""
+        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base):
+            for o in page.get("Contents", ()):
+                rel = o["Key"][len(base):]
+                if not any(seg.startswith(("_", ".")) for seg in rel.split("/")[:-1]):
+                    yield rel
+
+    def abort_uploads(self, up_to: int) -> int:
+        return abort_lingering_uploads(self.client, self.bucket, self.prefix, up_to, ())
+
+
+# --------------------------------------------------------------------------- stats and partition values
+
+
+def _partition_values(part_rel: str, schema: Optional[pa.Schema]) -> dict[str, Optional[str]]:
+    """``a=1/b=x%3Ay`` -> {'a': '1', 'b': 'x:y'}; the Hive null directory is None."""
+    out: dict[str, Optional[str]] = {}
+    if not part_rel:
+        return out
+    for seg in part_rel.split("/"):
+        k, _, v = seg.partition("=")
+        name = urllib.parse.unquote(k)
+        value: Optional[str] = None if v == "__HIVE_DEFAULT_PARTITION__" else urllib.parse.unquote(v)
+        if value is not None and schema is not None and name in schema.names and pa.types.is_timestamp(schema.field(name).type):
+            value = value.replace("T", " ")
+        out[name] = value
+    return out
+
+
+class _Stats:
+    """Delta file statistics: numRecords, nullCount, and min/max for integer, float (no NaN) and date columns."""
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self.num_records = 0
+        self.null_count = {f.name: 0 for f in schema}
+        self.min: dict[str, Any] = {}
+        self.max: dict[str, Any] = {}
+        self._skip: set[str] = set()
+        self._tracked = [f.name for f in schema if pa.types.is_integer(f.type) or pa.types.is_floating(f.type)
+                         or pa.types.is_date(f.type)]
+
+    def update(self, batch: pa.RecordBatch) -> None:
+        import pyarrow.compute as pc
+        self.num_records += batch.num_rows
+        for name in self.null_count:
+            self.null_count[name] += batch.column(name).null_count
+        for name in self._tracked:
+            if name in self._skip:
+                continue
+            col = batch.column(name)
+            mm = pc.min_max(col).as_py()
+            lo, hi = mm["min"], mm["max"]
+            if lo is None:
+                continue
+            if isinstance(lo, float) and (math.isnan(lo) or math.isnan(hi) or pc.any(pc.is_nan(col)).as_py()):
+                self._skip.add(name)
+                self.min.pop(name, None)
+                self.max.pop(name, None)
+                continue
+            self.min[name] = lo if name not in self.min else min(self.min[name], lo)
+            self.max[name] = hi if name not in self.max else max(self.max[name], hi)
+
+    def to_json(self) -> str:
+        def enc(v: Any) -> Any:
+            return v.isoformat() if isinstance(v, _dt.date) else v
+        return json.dumps({"numRecords": self.num_records,
+                           "minValues": {k: enc(v) for k, v in self.min.items()},
+                           "maxValues": {k: enc(v) for k, v in self.max.items()},
+                           "nullCount": self.null_count}, separators=(",", ":"))
+
+
+# --------------------------------------------------------------------------- the sink
+
+
+@dataclass
+class _OpenFile:
+    rel: str
+    part_rel: str
+    stream: Any
+    writer: ParquetFormatWriter
+    stats: _Stats
+
+
+@dataclass
+class DeltaTransaction:
+    """In-task state: open data files per partition directory and the finished ones (future Add actions)."""
+
+    context: TransactionContext
+    pool: ThreadPoolExecutor
+    open_files: dict[str, _OpenFile] = field(default_factory=dict)
+    closed: list[dict[str, Any]] = field(default_factory=list)
+    seq: int = 0
+    records: int = 0
+
+
+class DeltaSink(TwoPhaseCommitSink[dict, DeltaTransaction]):
+    """Exactly-once appends to a Delta table: one atomic Delta commit per checkpoint (see module invariants)."""
+
+    def __init__(self, options: DeltaSinkOptions) -> None:
+        self.options = options
+        self.uri = options.uri
+        self.sink_id = options.sink_id or f"delta:{options.uri}"
+        self.guarantee = Guarantee.EXACTLY_ONCE
+        #: the table's partition columns (the option, or the existing table's when the option is empty)
+        self.partition_by: tuple[str, ...] = options.partition_by
+        self.files: Any = (_S3Files(options.uri, options.s3, options.part_size) if options.on_s3
+                           else _LocalFiles(options.uri))
+
+    @classmethod
+    def from_options(cls, raw: Mapping[str, Any], schema: Optional[pa.Schema] = None) -> "DeltaSink":
+        return cls(DeltaSinkOptions.from_options(raw, schema))
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"options": self.options, "partition_by": self.partition_by}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["options"])
+        self.partition_by = tuple(state.get("partition_by", self.options.partition_by))
+
+    # ---- the table
+
+    def _table(self) -> Any:
+        """The DeltaTable, or None if there is none at ``uri`` yet."""
+        dl = _deltalake()
+        so = self.options.storage_options()
+        if not dl.DeltaTable.is_deltatable(self.uri, storage_options=so):
+            return None
+        return dl.DeltaTable(self.uri, storage_options=so)
+
+    def transaction_version(self) -> Optional[int]:
+        """The table's app transaction version for this sink id (the last checkpoint committed to it)."""
+        dt = self._table()
+        return None if dt is None else dt.transaction_version(self.sink_id)
+
+    # ---- driver-side set-up (invariant 5)
+
+    def validate_destination(self) -> None:
+        """Check the bucket, then create the table or check the stream's schema against it."""
+        if self.options.on_s3:
+            check_bucket(self.files.client, self.files.bucket, sink="twophase-delta", url=self.uri)
+        else:
+            try:
+                os.makedirs(self.uri, exist_ok=True)
+            except OSError as e:
+                raise ConfigurationError(f"twophase-delta: option 'path'={self.uri!r} cannot be created: {e.strerror}") from e
+        if self.options.schema is not None:
+            self.ensure_schema(self.options.schema)
+
+    def ensure_schema(self, schema: pa.Schema) -> None:
+        """Create the table for ``schema`` or check ``schema`` against it (invariant 5)."""
+        dl = _deltalake()
+        dt = self._table()
+        nullable = pa.schema([f.with_nullable(True) for f in schema])
+        if dt is None:
+            dl.DeltaTable.create(self.uri, nullable, mode="ignore", partition_by=list(self.partition_by) or None,
+                                 storage_options=self.options.storage_options(),
+                                 commit_properties=dl.CommitProperties(custom_metadata={"twophase.sink_id": self.sink_id}))
+            _log.info("delta_table_created", sink_id=self.sink_id, uri=self.uri, partition_by=list(self.partition_by))
+            dt = self._table()
+        table_parts = tuple(dt.metadata().partition_columns)
+        if self.options.partition_by and tuple(self.options.partition_by) != table_parts:
+            raise ConfigurationError(f"twophase-delta: option 'partitionBy'={','.join(self.options.partition_by)} but the "
+                                     f"table {self.uri} is partitioned by {list(table_parts) or 'nothing'}; use the "
+                                     "table's partition columns")
+        self.partition_by = table_parts
+        missing_parts = [c for c in table_parts if c not in schema.names]
+        if missing_parts:
+            raise ConfigurationError(f"twophase-delta: the table {self.uri} is partitioned by {missing_parts}, which the "
+                                     "stream does not have")
+        table_types = {f.name: f.type for f in dt.schema().fields}
+        new_fields = []
+        for f in dl.Schema.from_arrow(nullable).fields:
+            if f.name not in table_types:
+                new_fields.append(f)
+            elif str(f.type) != str(table_types[f.name]):
+                raise ConfigurationError(f"twophase-delta: column {f.name!r} is {f.type} in the stream but "
+                                         f"{table_types[f.name]} in the table {self.uri}; cast it in the query "
+                                         "(mergeSchema adds columns, it does not change types)")
+        if new_fields and not self.options.merge_schema:
+            raise ConfigurationError(f"twophase-delta: the stream has columns {[f.name for f in new_fields]} that the "
+                                     f"table {self.uri} does not have; add .option('mergeSchema', 'true') to add them, "
+                                     "or select the table's columns")
+        if new_fields:
+            dt.alter.add_columns(new_fields)
+            _log.info("delta_schema_merged", sink_id=self.sink_id, uri=self.uri, added=[f.name for f in new_fields])
+
+    def transaction_log(self) -> TransactionLog:
+        loc = self.options.log_location or f"{self.uri}/{INTERNAL_DIR}/log"
+        if loc.split("://")[0].lower() in ("s3", "s3a") and "://" in loc:
+            store: Any = S3LogStore(loc, self.options.s3)
+        else:
+            store = open_store(loc)
+        return TransactionLog(store, self.sink_id, retain=self.options.log_retain)
+
+    # ---- executor side
+
+    def begin_transaction(self, context: TransactionContext) -> DeltaTransaction:
+        return DeltaTransaction(context, ThreadPoolExecutor(2, thread_name_prefix="twophase-delta-part"))
+
+    def write(self, txn: DeltaTransaction, batch: pa.RecordBatch) -> int:
+        if batch.num_rows == 0:
+            return 0
+        for part_rel, part in split_by_partition(batch, self.partition_by):
+            f = txn.open_files.get(part_rel)
+            if f is None:
+                f = txn.open_files[part_rel] = self._open(txn, part_rel, part.schema)
+            f.writer.write(part)
+            f.stats.update(part)
+            if f.writer.bytes_written >= self.options.target_file_size:
+                self._close(txn, txn.open_files.pop(part_rel))
+        txn.records += batch.num_rows
+        return batch.num_rows
+
+    def _open(self, txn: DeltaTransaction, part_rel: str, schema: pa.Schema) -> _OpenFile:
+        name = object_name(txn.context, txn.seq, "parquet")
+        txn.seq += 1
+        rel = f"{part_rel}/{name}" if part_rel else name
+        stream = self.files.open(rel, txn.pool)
+        compression = "none" if self.options.compression == "none" else self.options.compression
+        return _OpenFile(rel, part_rel, stream, ParquetFormatWriter(stream, schema, compression), _Stats(schema))
+
+    def _close(self, txn: DeltaTransaction, f: _OpenFile) -> None:
+        f.writer.close()
+        size = self.files.finish(f.stream)
+        txn.closed.append({"path": f.rel, "rel": f.rel, "size": size,
+                           "partition_values": _partition_values(f.part_rel, self.options.schema),
+                           "modification_time": int(time.time() * 1000), "stats": f.stats.to_json(),
+                           "records": f.stats.num_records})
+
+    def pre_commit(self, txn: DeltaTransaction) -> dict:
+        try:
+            for key in list(txn.open_files):
+                self._close(txn, txn.open_files.pop(key))
+        finally:
+            txn.pool.shutdown(wait=True)
+        c = txn.context
+        return {"sink": "delta", "checkpoint_id": c.checkpoint_id, "task_id": c.task_id, "attempt_uid": c.attempt_uid,
+                "files": list(txn.closed), "records": txn.records}
+
+    def abort_open(self, txn: DeltaTransaction) -> None:
+        for f in txn.open_files.values():
+            self.files.discard(f.stream, f.rel)
+        for f in txn.closed:
+            with contextlib.suppress(Exception):
+                self.files.delete(f["rel"])
+        txn.pool.shutdown(wait=False)
+
+    # ---- driver side
+
+    def commit_checkpoint(self, checkpoint_id: int, handles: Sequence[Mapping[str, Any]], *,
+                          recovering: bool = False) -> None:
+        """ONE Delta commit for the whole checkpoint, skipped if the table already has it (invariants 1, 2)."""
+        dl = _deltalake()
+        from deltalake.transaction import AddAction, CommitProperties, Transaction
+        files = [f for h in handles for f in h.get("files", ())]
+        dt = self._table()
+        if dt is None:
+            raise TwoPhaseError(f"twophase-delta: the table {self.uri} is gone; checkpoint {checkpoint_id} cannot "
+                                "be committed")
+        done = dt.transaction_version(self.sink_id)
+        if done is not None and done >= checkpoint_id:
+            _log.info("delta_already_committed", sink_id=self.sink_id, checkpoint_id=checkpoint_id, table_txn=done)
+            return
+        if not files:  # nothing to add: an empty batch makes no Delta version
+            return
+        actions = [AddAction(f["path"], int(f["size"]), dict(f["partition_values"]), int(f["modification_time"]),
+                             True, f["stats"]) for f in files]
+        props = CommitProperties(
+            custom_metadata={"twophase.sink_id": self.sink_id, "twophase.checkpoint_id": checkpoint_id},
+            app_transactions=[Transaction(self.sink_id, checkpoint_id, int(time.time() * 1000))])
+        dt.create_write_transaction(actions, "append", dt.schema(), partition_by=list(dt.metadata().partition_columns),
+                                    commit_properties=props)
+        _log.info("delta_committed", sink_id=self.sink_id, checkpoint_id=checkpoint_id, files=len(files),
+                  records=sum(int(f.get("records", 0)) for f in files), recovering=recovering)
+        faults.maybe_crash("mid_commit", checkpoint_id)
+
+    def commit(self, handle: Mapping[str, Any]) -> None:
+        """A Delta checkpoint commits whole: this commits ``handle`` as the only one of its checkpoint."""
+        self.commit_checkpoint(int(handle["checkpoint_id"]), [handle])
+
+    def abort(self, handle: Mapping[str, Any]) -> None:
+        """Delete the handle's data files (invariant 3); they are referenced by no Delta commit."""
+        for f in handle.get("files", ()):
+            self.files.delete(f["rel"])
+
+    def abort_lingering(self, up_to_checkpoint: int, keep: Collection[Mapping[str, Any]] = ()) -> int:
+        """Delete unreferenced data files of checkpoints in (watermark, up_to] (invariant 4)."""
+        removed = self.files.abort_uploads(up_to_checkpoint)
+        store = self.transaction_log().store
+        raw = store.get(WATERMARK)
+        watermark = int(json.loads(raw)["scanned_up_to"]) if raw else -1
+        if up_to_checkpoint <= watermark:
+            return removed
+        kept = {f["rel"] for h in keep for f in h.get("files", ())}
+        dt = self._table()
+        referenced: set[str] = set()
+        if dt is not None:
+            paths = pa.table(dt.get_add_actions(flatten=True)).column("path").to_pylist()
+            referenced = {p for p in paths} | {urllib.parse.unquote(p) for p in paths}
+        for rel in list(self.files.list_data()):
+            m = OBJECT_NAME.match(rel.rsplit("/", 1)[-1])
+            if m is None or not (watermark < int(m.group(1)) <= up_to_checkpoint):
+                continue
+            if rel in referenced or rel in kept:
+                continue
+            self.files.delete(rel)
+            removed += 1
+        store.put(WATERMARK, json.dumps({"scanned_up_to": up_to_checkpoint}).encode())
+        if removed:
+            _log.info("lingering_aborted", sink_id=self.sink_id, up_to=up_to_checkpoint, files=removed)
+        return removed
