@@ -444,18 +444,38 @@ def test_coordinator_inv5_recovery_commits_completed_and_aborts_pending(coord, s
     report = fresh.recover()
     assert report.committed == [2]
     assert report.aborted == [3]
-    assert report.lingering_aborted == 3
+    # lingering data is aborted only up to the highest committed id (2): id 3 may be re-attempted now
+    assert report.lingering_aborted == 0
+    assert sink.lingering_calls[-1] == (2, [])
     assert [txlog.get(c).state for c in (1, 2, 3)] == [C.COMMITTED, C.COMMITTED, C.ABORTED]
     assert txlog.get(3).reason == "aborted at recovery"
     assert sink.committed == txn_ids(done) + txn_ids(decided)
     assert [op for op, t in sink.calls if t in txn_ids(decided)] == ["recover_and_commit"] * 3
-    assert sink.lingering_calls[-1] == (3, [])
-    assert all(sink.state_of(a.handle) is TransactionState.ABORTED for a in lingering)
+    assert all(sink.state_of(a.handle) is TransactionState.PRE_COMMITTED for a in lingering)
     assert fresh.latest_completed().checkpoint_id == 2
-    assert_exactly_once(sink)
     # a second recovery finds nothing to do
     again = CheckpointCoordinator(sink, txlog).recover()
     assert (again.committed, again.aborted, again.lingering_aborted) == ([], [], 0)
+    # the re-attempt of 3 commits; only then are the crashed attempt's transactions aborted
+    retry = prepare_all(sink, 3)
+    assert CheckpointCoordinator(sink, txlog).complete_batch(3, retry) == "COMMITTED"
+    assert all(sink.state_of(a.handle) is TransactionState.ABORTED for a in lingering)
+    assert_exactly_once(sink)
+
+
+def test_coordinator_inv5_recovery_spares_a_reattempt_of_an_aborted_id(sink, txlog):
+    """Regression (found by the crash matrix at before_complete): Spark re-runs an aborted batch id and
+    runs recovery again in the commit worker just before committing it; that recovery must not abort
+    the re-attempt's pre-committed transactions."""
+    coord = CheckpointCoordinator(sink, txlog)
+    coord.complete_batch(0, prepare_all(sink, 0))
+    txlog.transition(1, C.PENDING)  # crash before the decision
+    CheckpointCoordinator(sink, txlog).recover()  # restart: 1 -> ABORTED
+    rerun = prepare_all(sink, 1)  # executors of the re-run pre-commit
+    CheckpointCoordinator(sink, txlog).recover()  # the commit worker's streamWriter() recovers again
+    assert all(sink.state_of(a.handle) is TransactionState.PRE_COMMITTED for a in rerun)
+    assert CheckpointCoordinator(sink, txlog).complete_batch(1, rerun) == "COMMITTED"
+    assert_exactly_once(sink)
 
 
 def test_coordinator_inv5_recovery_of_an_empty_log(sink, txlog):

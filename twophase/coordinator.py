@@ -20,7 +20,9 @@ Invariants (named in tests as ``test_coordinator_invN_*``):
 3. A notification for checkpoint n commits every completed, uncommitted checkpoint <= n, in order.
 4. Handles of a declined, expired or subsumed checkpoint are aborted, never committed.
 5. Recovery commits every COMPLETED checkpoint and aborts every PENDING one and every lingering
-   transaction, before any new data is written.
+   transaction of checkpoints up to the highest committed id, before any new data is written.
+   Lingering transactions of higher (aborted) ids are left alone, since such an id may be attempted
+   again at this very moment; they are aborted once a later checkpoint commits (step 5).
 """
 
 from __future__ import annotations
@@ -133,9 +135,12 @@ class CheckpointCoordinator:
                         self.sink.recover_and_abort(h)
                     self.log.transition(rec.checkpoint_id, CheckpointState.ABORTED, reason="aborted at recovery")
                     report.aborted.append(rec.checkpoint_id)
-            decided = [r.checkpoint_id for r in self.log.records() if r.state.is_decided]
-            if decided:
-                report.lingering_aborted = self.sink.abort_lingering(max(decided), ())
+            # Only up to the highest COMMITTED id: an ABORTED id may be attempted again right now (Spark
+            # re-runs the batch; this recovery also runs in the commit worker just before that batch's
+            # commit), so its staged data is cleaned only once a later checkpoint commits (step 5).
+            highest = self.log.highest_committed()
+            if highest is not None:
+                report.lingering_aborted = self.sink.abort_lingering(highest, ())
         if report.committed or report.aborted or report.lingering_aborted:
             _log.info("recovered", sink_id=self.log.sink_id, committed=report.committed, aborted=report.aborted,
                       lingering_aborted=report.lingering_aborted)

@@ -144,18 +144,21 @@ class LocalLogStore(LogStore):
         path = self._path(name)
         directory = os.path.dirname(path)
         tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}-{os.path.basename(path)}")
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
         try:
-            os.link(tmp, path)  # atomic and exclusive: fails if path exists
-            created = True
-        except FileExistsError:
-            created = False
-        finally:
-            os.unlink(tmp)
-        _fsync_dir(directory)
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            try:
+                os.link(tmp, path)  # atomic and exclusive: fails if path exists
+                created = True
+            except FileExistsError:
+                created = False
+            finally:
+                os.unlink(tmp)
+            _fsync_dir(directory)
+        except OSError as e:
+            raise TransientSinkError(f"cannot write log record {path!r}: {e}") from e
         return created
 
     def list(self, prefix: str) -> list[str]:
@@ -359,7 +362,10 @@ class TransactionLog:
         body = decode_record(data, f"{self.location}/{name}")
         if body.get("sink_id") not in (None, self.sink_id):
             raise LogCorruptError(f"log record {name} belongs to sink {body.get('sink_id')!r}, not {self.sink_id!r}")
-        return CheckpointRecord.from_json(body["record"])
+        try:
+            return CheckpointRecord.from_json(body["record"])
+        except (KeyError, ValueError, TypeError) as e:
+            raise LogCorruptError(f"log record {self.location}/{name} has a valid checksum but an invalid body: {e}") from e
 
     def records(self) -> list[CheckpointRecord]:
         """Every record, in checkpoint id order."""
