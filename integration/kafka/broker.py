@@ -1,0 +1,175 @@
+"""A Kafka broker for the integration tests, and small read/write helpers around it.
+
+Where the broker comes from, in order:
+
+1. ``KAFKA_BOOTSTRAP_SERVERS`` when set (an existing cluster; nothing is started or stopped);
+2. a testcontainers Kafka when a Docker engine answers (testcontainers is imported lazily; without an
+   engine this path is skipped cleanly);
+3. a local noida-db broker: its server binary run directly on a free port with a temp data dir, in a
+   session of its own, stopped by PID afterwards. That broker never expires abandoned transactions,
+   so no test waits for a transaction timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from typing import Any, Iterator, Optional
+
+NOIDA_BIN = os.path.join(os.path.dirname(os.path.dirname(os.__file__)), "site-packages", "noida_db", "noida-db")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_port(host: str, port: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _docker_answers() -> bool:
+    if os.environ.get("TWOPHASE_KAFKA_DOCKER", "1") == "0":
+        return False
+    sock = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    if sock.startswith("unix://") and not os.path.exists(sock[len("unix://"):]):
+        return False
+    try:
+        import docker  # type: ignore
+        docker.from_env(timeout=3).ping()
+        return True
+    except Exception:
+        return False
+
+
+def _noida_binary() -> Optional[str]:
+    try:
+        import noida_db  # type: ignore
+        path = os.path.join(os.path.dirname(noida_db.__file__), "noida-db")
+    except ImportError:
+        path = NOIDA_BIN
+    return path if os.path.exists(path) else None
+
+
+@contextlib.contextmanager
+def kafka_broker() -> Iterator[str]:
+    """Yield a bootstrap servers string for a working broker (see module docstring)."""
+    env = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    if env:
+        yield env
+        return
+    if _docker_answers():
+        try:
+            from testcontainers.kafka import KafkaContainer  # type: ignore
+        except ImportError:
+            KafkaContainer = None
+        if KafkaContainer is not None:
+            with KafkaContainer() as kc:
+                yield kc.get_bootstrap_server()
+            return
+    binary = _noida_binary()
+    if binary is None:
+        import pytest
+        pytest.skip("no Kafka broker: set KAFKA_BOOTSTRAP_SERVERS, run Docker, or pip install noida-db")
+    data = tempfile.mkdtemp(prefix="twophase-kafka-")
+    port = _free_port()
+    logf = open(os.path.join(data, "broker.log"), "wb")
+    proc = subprocess.Popen([binary, "start", "--data-dir", os.path.join(data, "d"), "--only", "kafka",
+                             "--kafka-port", str(port)], stdout=logf, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        if not _wait_port("127.0.0.1", port, 30):
+            raise RuntimeError(f"noida-db kafka did not listen on {port}; log: {data}/broker.log")
+        yield f"127.0.0.1:{port}"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+        logf.close()
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def unique(name: str) -> str:
+    return f"{name}-{uuid.uuid4().hex[:8]}"
+
+
+def create_topic(bootstrap: str, topic: str, partitions: int = 2) -> str:
+    from kafka import KafkaAdminClient
+    from kafka.admin import NewTopic
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        admin.create_topics([NewTopic(topic, partitions, 1)])
+    finally:
+        admin.close()
+    return topic
+
+
+def produce(bootstrap: str, topic: str, values: list[bytes], *, keys: Optional[list[bytes]] = None,
+            partitions: int = 2, transactional_id: Optional[str] = None, commit: bool = True) -> None:
+    """Write ``values`` round-robin over ``partitions``; optionally inside one transaction (committed or aborted)."""
+    from kafka import KafkaProducer
+    p = KafkaProducer(bootstrap_servers=bootstrap, transactional_id=transactional_id, linger_ms=5)
+    try:
+        if transactional_id:
+            p.init_transactions()
+            p.begin_transaction()
+        for i, v in enumerate(values):
+            p.send(topic, value=v, key=keys[i] if keys else None, partition=i % partitions)
+        p.flush()
+        if transactional_id:
+            p.commit_transaction() if commit else p.abort_transaction()
+    finally:
+        p.close(timeout=5)
+
+
+def read_topic(bootstrap: str, topic: str, *, isolation: str = "read_committed", timeout: float = 30.0) -> list[Any]:
+    """Every record of ``topic`` visible at ``isolation``, read up to the current end offsets."""
+    from kafka import KafkaConsumer, TopicPartition
+    c = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level=isolation, enable_auto_commit=False,
+                      auto_offset_reset="earliest")
+    try:
+        parts = c.partitions_for_topic(topic) or set()
+        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        if not tps:
+            return []
+        c.assign(tps)
+        c.seek_to_beginning(*tps)
+        end = c.end_offsets(tps)
+        out: list[Any] = []
+        deadline = time.monotonic() + timeout
+        while any(c.position(tp) < end[tp] for tp in tps):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"reading {topic}: positions {[c.position(tp) for tp in tps]} < ends {end}")
+            for recs in c.poll(timeout_ms=500).values():
+                out.extend(r for r in recs if r.offset < end[TopicPartition(r.topic, r.partition)])
+        return out
+    finally:
+        c.close()
+
+
+def end_offsets(bootstrap: str, topic: str, isolation: str = "read_uncommitted") -> dict[int, int]:
+    from kafka import KafkaConsumer, TopicPartition
+    c = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level=isolation)
+    try:
+        tps = [TopicPartition(topic, p) for p in sorted(c.partitions_for_topic(topic) or ())]
+        return {tp.partition: o for tp, o in c.end_offsets(tps).items()}
+    finally:
+        c.close()

@@ -1,0 +1,297 @@
+"""Replayable Kafka source, usable without Spark (the embedded runtime) and by ``twophase.spark.kafka``.
+
+- :class:`KafkaSourceOptions`: the options of Spark's Kafka source that apply (subscribe or assign,
+  startingOffsets, maxOffsetsPerTrigger, includeHeaders, kafka.*), validated in one place;
+  ``kafka.isolation.level`` defaults to ``read_committed``.
+- :class:`KafkaOffsetReader` (driver): partitions, initial offset, the next end offset.
+- :class:`KafkaSplitReader` (executor): the records of one :class:`~sources._kafka_offsets.KafkaSplit`
+  as Arrow record batches with the schema of Spark's Kafka source.
+
+Invariants (``test_kafka_source_invN_*``):
+
+1. The end offset of a batch is at most the last stable offset (read_committed) or the high
+   watermark (read_uncommitted), so every record in ``[start, end)`` is decided when it is read.
+2. :meth:`KafkaSplitReader.read` yields exactly the data records with offsets in ``[start, end)``,
+   skipping control records and aborted transactions, the same records on every replay.
+3. A range that cannot be read whole (records deleted by retention, a timeout) raises an error;
+   it is never silently shortened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping, Optional
+
+import pyarrow as pa
+
+from sinks._kafka_config import kafka_python_config
+from sources._kafka_offsets import (KafkaSplit, Offsets, flatten, next_end, normalize, parse_starting_offsets,
+                                    plan_splits, resolve_start)
+from twophase._logging import get_logger
+from twophase.errors import ConfigurationError, DataLossError, MissingDependencyError, TransientSinkError
+from twophase.options import Option, parse_bool, parse_positive_int, parse_options
+
+_log = get_logger(__name__)
+
+SOURCE = "twophase-kafka"
+
+SOURCE_OPTIONS: tuple[Option[Any], ...] = (
+    Option("subscribe", str, help="comma-separated topics to read"),
+    Option("assign", str, help='JSON of topic -> partitions, e.g. {"t": [0, 1]}'),
+    Option("startingOffsets", str, "latest", help="earliest, latest, or JSON {topic: {partition: offset}}"),
+    Option("maxOffsetsPerTrigger", parse_positive_int, help="at most this many offsets per micro-batch"),
+    Option("includeHeaders", parse_bool, False, help="add the headers column (array<struct<key, value>>)"),
+    Option("pollTimeoutMs", parse_positive_int, 120_000, help="give up reading a range after this long"),
+)
+
+_RESERVED = {
+    "group.id": "the source tracks offsets itself (in Spark's checkpoint); no consumer group is used",
+    "enable.auto.commit": "the source tracks offsets itself; no consumer group is used",
+    "auto.offset.reset": "use option 'startingOffsets'",
+    "key.deserializer": "key and value are returned as binary; cast them in Spark",
+    "value.deserializer": "key and value are returned as binary; cast them in Spark",
+}
+
+ARROW_SCHEMA = pa.schema([
+    ("key", pa.binary()), ("value", pa.binary()), ("topic", pa.string()), ("partition", pa.int32()),
+    ("offset", pa.int64()), ("timestamp", pa.timestamp("us", tz="UTC")), ("timestampType", pa.int32()),
+])
+HEADERS_FIELD = pa.field("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())])))
+
+SPARK_SCHEMA_DDL = ("key binary, value binary, topic string, partition int, offset bigint, timestamp timestamp, "
+                    "timestampType int")
+HEADERS_DDL = "headers array<struct<key: string, value: binary>>"
+
+
+def arrow_schema(include_headers: bool) -> pa.Schema:
+    return ARROW_SCHEMA.append(HEADERS_FIELD) if include_headers else ARROW_SCHEMA
+
+
+@dataclass(frozen=True)
+class KafkaSourceOptions:
+    """Validated options of the Kafka source."""
+
+    consumer_config: Mapping[str, Any]
+    subscribe: tuple[str, ...] = ()
+    assign: Optional[Mapping[str, tuple[int, ...]]] = None
+    starting_offsets: Any = "latest"
+    max_offsets_per_trigger: Optional[int] = None
+    include_headers: bool = False
+    poll_timeout_ms: int = 120_000
+
+    @classmethod
+    def from_options(cls, raw: Mapping[str, Any]) -> "KafkaSourceOptions":
+        try:
+            from kafka import KafkaConsumer
+        except ImportError as e:  # pragma: no cover
+            raise MissingDependencyError("twophase-kafka needs kafka-python: pip install 'twophase[kafka]'") from e
+        sink_only = {"topic", "transactionalidprefix", "transactionalidattempts", "triggerinterval",
+                     "prefixregistry", "commitparallelism", "guarantee", "sink.id", "log.location", "log.retain"}
+        given = {str(k).lower() for k in raw}
+        if given & sink_only:
+            raise ConfigurationError(f"{SOURCE}: option(s) {sorted(given & sink_only)} are for writeStream; "
+                                     "readStream takes subscribe or assign")
+        o = parse_options(raw, SOURCE_OPTIONS, sink=SOURCE, prefixes=("kafka.",))
+        for common in ("sink.id", "guarantee", "log.location", "log.retain"):
+            o.pop(common, None)
+        kraw = {k: v for k, v in o.items() if k.startswith("kafka.")}
+        if not str(kraw.get("kafka.bootstrap.servers") or "").strip():
+            raise ConfigurationError(f"{SOURCE}: option 'kafka.bootstrap.servers' is required, e.g. "
+                                     ".option('kafka.bootstrap.servers', 'host1:9092')")
+        cfg = kafka_python_config(kraw, KafkaConsumer.DEFAULT_CONFIG, what=SOURCE, reserved=_RESERVED)
+        cfg.setdefault("isolation_level", "read_committed")
+        if cfg["isolation_level"] not in ("read_committed", "read_uncommitted"):
+            raise ConfigurationError(f"{SOURCE}: kafka.isolation.level must be read_committed or read_uncommitted")
+        if bool(o["subscribe"]) == bool(o["assign"]):
+            raise ConfigurationError(f"{SOURCE}: give exactly one of options 'subscribe' (topics) or 'assign' "
+                                     "(JSON topic -> partitions)")
+        assign = None
+        if o["assign"]:
+            try:
+                parsed = json.loads(o["assign"])
+                assign = {str(t): tuple(sorted(int(p) for p in ps)) for t, ps in parsed.items()}
+            except (ValueError, TypeError, AttributeError):
+                raise ConfigurationError(f"{SOURCE}: option 'assign' must be JSON like {{\"topic\": [0, 1]}}") from None
+        subscribe = tuple(t.strip() for t in (o["subscribe"] or "").split(",") if t.strip())
+        return cls(consumer_config=cfg, subscribe=subscribe, assign=assign,
+                   starting_offsets=parse_starting_offsets(o["startingOffsets"]),
+                   max_offsets_per_trigger=o["maxOffsetsPerTrigger"], include_headers=o["includeHeaders"],
+                   poll_timeout_ms=o["pollTimeoutMs"])
+
+    def connection_config(self) -> dict[str, Any]:
+        cfg = dict(self.consumer_config)
+        cfg.update(enable_auto_commit=False, group_id=None)
+        cfg.setdefault("bootstrap_timeout_ms", 15_000)
+        return cfg
+
+
+def _consumer(cfg: Mapping[str, Any]) -> Any:
+    from kafka import KafkaConsumer
+    import kafka.errors as Errors
+    try:
+        return KafkaConsumer(**cfg)
+    except (Errors.KafkaTimeoutError, Errors.KafkaConnectionError) as e:
+        raise ConfigurationError(f"{SOURCE}: no Kafka broker answers at kafka.bootstrap.servers="
+                                 f"{cfg.get('bootstrap_servers')!r}; check the address") from e
+
+
+class KafkaOffsetReader:
+    """Driver side: which partitions, where to start, how far the next batch goes (invariant 1)."""
+
+    def __init__(self, options: KafkaSourceOptions) -> None:
+        self.options = options
+        self._consumer: Any = None
+
+    @property
+    def consumer(self) -> Any:
+        if self._consumer is None:
+            self._consumer = _consumer(self.options.connection_config())
+        return self._consumer
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            with contextlib.suppress(Exception):
+                self._consumer.close()
+            self._consumer = None
+
+    def topic_partitions(self) -> list[tuple[str, int]]:
+        """The partitions read: the assigned ones, or every partition of the subscribed topics."""
+        if self.options.assign is not None:
+            return [(t, p) for t, ps in sorted(self.options.assign.items()) for p in ps]
+        out = []
+        deadline = time.monotonic() + 30
+        for topic in self.options.subscribe:
+            parts = self.consumer.partitions_for_topic(topic)
+            while not parts and time.monotonic() < deadline:
+                time.sleep(0.2)
+                parts = self.consumer.partitions_for_topic(topic)
+            if not parts:
+                raise ConfigurationError(f"{SOURCE}: subscribed topic {topic!r} does not exist")
+            out.extend((topic, p) for p in sorted(parts))
+        return out
+
+    def _offsets(self, which: str, tps: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        from kafka import TopicPartition
+        parts = [TopicPartition(t, p) for t, p in tps]
+        got = (self.consumer.beginning_offsets(parts) if which == "earliest" else self.consumer.end_offsets(parts))
+        return {(tp.topic, tp.partition): int(o) for tp, o in got.items()}
+
+    def available(self) -> Offsets:
+        """The last stable offset (read_committed) or high watermark of every partition."""
+        tps = self.topic_partitions()
+        from sources._kafka_offsets import unflatten
+        return unflatten(self._offsets("latest", tps))
+
+    def initial_offset(self) -> Offsets:
+        tps = self.topic_partitions()
+        return resolve_start(self.options.starting_offsets, tps, self._offsets("earliest", tps),
+                             self._offsets("latest", tps))
+
+    def latest_offset(self, start: Mapping[str, Mapping[str, int]], limit: Optional[int] = None,
+                      *, cap: Optional[Mapping[str, Mapping[str, int]]] = None) -> Offsets:
+        """The end of the next batch from ``start``: everything available (up to ``cap``), at most ``limit`` offsets."""
+        available = self.available() if cap is None else normalize(cap)
+        return next_end(normalize(start), available, limit)
+
+    @staticmethod
+    def splits(start: Mapping[str, Mapping[str, int]], end: Mapping[str, Mapping[str, int]]) -> list[KafkaSplit]:
+        return plan_splits(normalize(start), normalize(end))
+
+
+class KafkaSplitReader:
+    """Executor side: the records of one split as Arrow batches (invariants 2, 3)."""
+
+    def __init__(self, options: KafkaSourceOptions, *, batch_rows: int = 10_000) -> None:
+        self.options = options
+        self.batch_rows = batch_rows
+
+    def read(self, split: KafkaSplit) -> Iterator[pa.RecordBatch]:
+        if split.start >= split.end:
+            return
+        from kafka import TopicPartition
+        cfg = self.options.connection_config()
+        cfg.setdefault("max_partition_fetch_bytes", 8 << 20)
+        cfg.setdefault("fetch_max_bytes", 64 << 20)
+        consumer = _consumer(cfg)
+        tp = TopicPartition(split.topic, split.partition)
+        schema = arrow_schema(self.options.include_headers)
+        try:
+            consumer.assign([tp])
+            earliest = consumer.beginning_offsets([tp])[tp]
+            if earliest > split.start:
+                raise DataLossError(f"{SOURCE}: records {split.topic}-{split.partition} [{split.start}, {earliest}) "
+                                    "were deleted (retention) before this batch read them")
+            consumer.seek(tp, split.start)
+            rows: dict[str, list[Any]] = {f.name: [] for f in schema}
+            deadline = time.monotonic() + self.options.poll_timeout_ms / 1000
+            while consumer.position(tp) < split.end:
+                if time.monotonic() > deadline:
+                    raise TransientSinkError(
+                        f"{SOURCE}: reading {split.topic}-{split.partition} [{split.start}, {split.end}) stopped at "
+                        f"{consumer.position(tp)} after pollTimeoutMs={self.options.poll_timeout_ms}")
+                polled = consumer.poll(timeout_ms=1000, max_records=self.batch_rows)
+                for record in polled.get(tp, ()):
+                    if record.offset >= split.end:
+                        break
+                    self._append(rows, record)
+                if len(rows["offset"]) >= self.batch_rows:
+                    yield pa.RecordBatch.from_pydict(rows, schema=schema)
+                    rows = {f.name: [] for f in schema}
+                if rows["offset"] and rows["offset"][-1] >= split.end - 1:
+                    break
+            if rows["offset"]:
+                yield pa.RecordBatch.from_pydict(rows, schema=schema)
+        finally:
+            with contextlib.suppress(Exception):
+                consumer.close()
+
+    def _append(self, rows: dict[str, list[Any]], record: Any) -> None:
+        rows["key"].append(record.key)
+        rows["value"].append(record.value)
+        rows["topic"].append(record.topic)
+        rows["partition"].append(record.partition)
+        rows["offset"].append(record.offset)
+        rows["timestamp"].append(int(record.timestamp) * 1000 if record.timestamp is not None and record.timestamp >= 0 else None)
+        rows["timestampType"].append(int(record.timestamp_type or 0))
+        if "headers" in rows:
+            rows["headers"].append([{"key": k, "value": v} for k, v in (record.headers or [])])
+
+
+class KafkaSource:
+    """The plain-Python source: offsets on the driver, split readers on the executors."""
+
+    def __init__(self, options: KafkaSourceOptions) -> None:
+        self.options = options
+        self.offsets = KafkaOffsetReader(options)
+
+    @classmethod
+    def from_options(cls, raw: Mapping[str, Any]) -> "KafkaSource":
+        return cls(KafkaSourceOptions.from_options(raw))
+
+    def initial_offset(self) -> Offsets:
+        return self.offsets.initial_offset()
+
+    def latest_offset(self, start: Mapping[str, Mapping[str, int]], limit: Optional[int] = None) -> Offsets:
+        lim = limit if limit is not None else self.options.max_offsets_per_trigger
+        return self.offsets.latest_offset(start, lim)
+
+    def splits(self, start: Mapping[str, Mapping[str, int]], end: Mapping[str, Mapping[str, int]]) -> list[KafkaSplit]:
+        return self.offsets.splits(start, end)
+
+    @staticmethod
+    def splits_of(start: Mapping[str, Mapping[str, int]], end: Mapping[str, Mapping[str, int]]) -> list[KafkaSplit]:
+        """The splits of ``[start, end)`` (no connection needed; the same on every replay)."""
+        return plan_splits(normalize(start), normalize(end))
+
+    def reader(self) -> KafkaSplitReader:
+        return KafkaSplitReader(self.options)
+
+    def close(self) -> None:
+        self.offsets.close()
+
+
+__all__ = ["KafkaSource", "KafkaSourceOptions", "KafkaOffsetReader", "KafkaSplitReader", "KafkaSplit",
+           "arrow_schema", "SPARK_SCHEMA_DDL", "HEADERS_DDL", "flatten"]

@@ -1,0 +1,109 @@
+"""Spark format ``twophase-kafka``: the exactly-once Kafka sink (writeStream) and the replayable source (readStream).
+
+Sink: ``df.writeStream.format("twophase-kafka").option("kafka.bootstrap.servers", ...).option("topic", ...)``
+with columns key, value, and optionally topic, partition, headers — see :mod:`sinks.kafka`.
+
+Source: ``spark.readStream.format("twophase-kafka").option("subscribe", "t")`` with the schema of Spark's
+Kafka source — see :mod:`sources.kafka`. Where each source method runs: ``initialOffset``,
+``latestOffset`` and ``partitions`` on the driver (a planner Python worker), ``read`` on executors,
+once per split; the offset is the per-topic-partition map and Spark checkpoints it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
+from pyspark.sql.types import StructType
+
+from sinks.kafka import KafkaSink
+from sources._kafka_offsets import KafkaSplit
+from sources.kafka import HEADERS_DDL, SPARK_SCHEMA_DDL, KafkaSource, KafkaSourceOptions, KafkaSplitReader
+from twophase.spark.datasource import TwoPhaseSinkDataSource
+
+
+@dataclass
+class KafkaInputPartition(InputPartition):
+    """One topic-partition range ``[start, end)`` of a micro-batch."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+    def split(self) -> KafkaSplit:
+        return KafkaSplit(self.topic, self.partition, self.start, self.end)
+
+
+class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Drives :class:`sources.kafka.KafkaSource` from Spark (offsets are plain dicts, read is Arrow).
+
+    Trigger.AvailableNow: :meth:`prepareForTriggerAvailableNow` fixes the target offset; later
+    batches respect ``maxOffsetsPerTrigger`` and never go past the target.
+    """
+
+    def __init__(self, options: KafkaSourceOptions) -> None:
+        self.options = options
+        self._source: KafkaSource | None = None
+        self._target: dict | None = None
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = self.source.offsets.available()
+
+    @property
+    def source(self) -> KafkaSource:
+        if self._source is None:
+            self._source = KafkaSource(self.options)
+        return self._source
+
+    def initialOffset(self) -> dict:
+        return self.source.initial_offset()
+
+    def latestOffset(self, start: dict = None, limit: Any = None) -> dict:  # type: ignore[override]
+        from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+        if start is None:  # older engines call latestOffset() without arguments
+            start = self.source.initial_offset()
+        if isinstance(limit, ReadMaxRows):
+            max_rows = limit.max_rows
+        elif isinstance(limit, ReadAllAvailable):
+            max_rows = None
+        else:
+            max_rows = self.options.max_offsets_per_trigger
+        return self.source.offsets.latest_offset(start, max_rows, cap=self._target)
+
+    def getDefaultReadLimit(self) -> Any:
+        from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+        n = self.options.max_offsets_per_trigger
+        return ReadMaxRows(n) if n else ReadAllAvailable()
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        return [KafkaInputPartition(s.topic, s.partition, s.start, s.end) for s in KafkaSource.splits_of(start, end)]
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, KafkaInputPartition)
+        yield from KafkaSplitReader(self.options).read(partition.split())
+
+    def commit(self, end: dict) -> None:
+        pass
+
+    def stop(self) -> None:
+        if self._source is not None:
+            self._source.close()
+
+
+class KafkaDataSource(TwoPhaseSinkDataSource):
+    """``format("twophase-kafka")``: exactly-once Kafka writes and replayable Kafka reads."""
+
+    short_name = "twophase-kafka"
+
+    def schema(self) -> str:
+        include = str(self.options.get("includeheaders", self.options.get("includeHeaders", "false"))).lower()
+        return SPARK_SCHEMA_DDL + (", " + HEADERS_DDL if include == "true" else "")
+
+    def build_sink(self, schema: StructType) -> KafkaSink:
+        return KafkaSink.from_options(dict(self.options), schema)
+
+    def streamReader(self, schema: StructType) -> KafkaStreamReader:
+        return KafkaStreamReader(KafkaSourceOptions.from_options(dict(self.options)))
