@@ -173,7 +173,7 @@ class DataStream:
 
     def sink_to(self, sink: TwoPhaseCommitSink, *, uid: Optional[str] = None, parallelism: Optional[int] = None,
                 to_row: Optional[Callable[[Any], dict]] = None) -> Vertex:
-        """Write into a two-phase-commit sink; records become Arrow rows (dicts as they are, else ``{"value": v}``)."""
+        """Write into a two-phase-commit sink; records become Arrow rows: ``to_row(v)`` if given, else dicts as they are and ``{"value": v}`` otherwise."""
         if not isinstance(sink, TwoPhaseCommitSink):
             raise ConfigurationError(f"sink_to needs a TwoPhaseCommitSink, got {type(sink).__name__}; "
                                      "use collect() for a plain list")

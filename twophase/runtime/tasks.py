@@ -374,7 +374,8 @@ class SinkTask(InputTask):
         self.wrote_in_txn = False
 
     def process(self, value: Any, timestamp: Optional[int]) -> None:
-        self.rows.append(value if type(value) is dict else (self.to_row(value) if self.to_row else {"value": value}))
+        to_row = self.to_row
+        self.rows.append(to_row(value) if to_row is not None else value if type(value) is dict else {"value": value})
         if len(self.rows) >= self.batch_rows:
             self._write_rows()
 
