@@ -1,0 +1,103 @@
+"""Fast tests of the Kafka sink and source options and transactional ids (no broker)."""
+
+from __future__ import annotations
+
+import pickle
+
+import pyarrow as pa
+import pytest
+
+from sinks.kafka import KafkaSink, KafkaSinkOptions, parse_duration_ms
+from sources.kafka import KafkaSourceOptions
+from twophase.errors import ConfigurationError
+from twophase.sink import Guarantee
+
+SCHEMA = pa.schema([("key", pa.binary()), ("value", pa.binary())])
+BASE = {"kafka.bootstrap.servers": "h1:9092, h2:9092", "topic": "out", "checkpointLocation": "/tmp/ck-a"}
+
+
+def test_kafka_sink_options_defaults_and_passthrough():
+    o = KafkaSinkOptions.from_options({**BASE, "kafka.linger.ms": "20", "kafka.compression.type": "gzip"}, SCHEMA)
+    assert o.bootstrap_servers == ("h1:9092", "h2:9092")
+    assert o.producer_config["linger_ms"] == 20 and o.producer_config["compression_type"] == "gzip"
+    assert o.transactional_id_prefix == o.sink_id and o.sink_id.startswith("twophase-")
+    assert o.guarantee is Guarantee.EXACTLY_ONCE and o.transaction_timeout_ms == 900_000
+    # the default prefix is stable for a checkpoint location and differs between two
+    assert KafkaSinkOptions.from_options(BASE, SCHEMA).sink_id == o.sink_id
+    assert KafkaSinkOptions.from_options({**BASE, "checkpointLocation": "/tmp/ck-b"}, SCHEMA).sink_id != o.sink_id
+
+
+@pytest.mark.parametrize("raw, match", [
+    ({"topic": "t"}, "kafka.bootstrap.servers"),
+    ({"kafka.bootstrap.servers": "h:1"}, "no topic"),
+    ({**BASE, "kafka.transactional.id": "x"}, "transactionalIdPrefix"),
+    ({**BASE, "kafka.no.such.setting": "1"}, "not a kafka-python setting"),
+    ({**BASE, "kafka.linger.ms": "soon"}, "must be a number"),
+    ({**BASE, "kafka.acks": "1"}, "acks must be 'all'"),
+    ({**BASE, "kafka.enable.idempotence": "false"}, "idempotence"),
+    ({**BASE, "transactionalIdPrefix": "has space"}, "transactionalIdPrefix"),
+    ({**BASE, "subscribe": "t"}, "readStream"),
+    ({**BASE, "bogus": "1"}, "unknown option"),
+    ({**BASE, "kafka.transaction.timeout.ms": "60000", "triggerInterval": "1 minute"}, "shorter than two trigger"),
+])
+def test_kafka_sink_options_rejected(raw, match):
+    with pytest.raises(ConfigurationError, match=match):
+        KafkaSinkOptions.from_options(raw, SCHEMA)
+
+
+def test_kafka_sink_options_columns_checked():
+    with pytest.raises(ConfigurationError, match="'value' column"):
+        KafkaSinkOptions.from_options(BASE, pa.schema([("key", pa.binary())]))
+    with pytest.raises(ConfigurationError, match="not written to Kafka"):
+        KafkaSinkOptions.from_options(BASE, pa.schema([("value", pa.binary()), ("extra", pa.int64())]))
+    # a topic column replaces the option
+    raw = {k: v for k, v in BASE.items() if k != "topic"}
+    KafkaSinkOptions.from_options(raw, pa.schema([("value", pa.string()), ("topic", pa.string())]))
+
+
+def test_kafka_sink_options_trigger_interval_ok_and_duration_parse():
+    o = KafkaSinkOptions.from_options({**BASE, "triggerInterval": "10 seconds"}, SCHEMA)
+    assert o.trigger_interval_ms == 10_000
+    assert [parse_duration_ms(x) for x in ("250", "250ms", "2s", "3 minutes", "1h")] == [250, 250, 2000, 180_000, 3_600_000]
+
+
+def test_kafka_sink_inv4_transactional_ids_bounded_distinct_per_attempt():
+    sink = KafkaSink.from_options({**BASE, "transactionalIdPrefix": "p", "transactionalIdAttempts": "4"}, SCHEMA)
+    ids = {sink.transactional_id(p, c, a) for p in range(3) for c in range(10) for a in range(20)}
+    assert len(ids) == 3 * 2 * 4  # bounded: partitions x generations x attempt slots
+    # attempts 0..3 of one partition and checkpoint never share an id
+    assert len({sink.transactional_id(0, 5, a) for a in range(4)}) == 4
+    # consecutive checkpoints use different generations, checkpoints two apart the same ids
+    assert sink.transactional_id(1, 6, 0) != sink.transactional_id(1, 7, 0) == sink.transactional_id(1, 9, 0)
+    assert sink._parse_id("p-2-1-3") == (2, 1, 3) and sink._parse_id("p2-1-1-3") is None
+    assert sink._parse_id("p-x-1-3") is None
+
+
+def test_kafka_sink_pickles_without_clients():
+    sink = KafkaSink.from_options(BASE, SCHEMA)
+    clone = pickle.loads(pickle.dumps(sink))
+    assert clone.options == sink.options and clone.prefix == sink.prefix
+
+
+def test_kafka_source_options():
+    o = KafkaSourceOptions.from_options({"kafka.bootstrap.servers": "h:1", "subscribe": "a, b",
+                                         "maxOffsetsPerTrigger": "50", "startingOffsets": "earliest"})
+    assert o.subscribe == ("a", "b") and o.max_offsets_per_trigger == 50
+    assert o.consumer_config["isolation_level"] == "read_committed"
+    a = KafkaSourceOptions.from_options({"kafka.bootstrap.servers": "h:1", "assign": '{"t": [1, 0]}',
+                                         "kafka.isolation.level": "read_uncommitted"})
+    assert a.assign == {"t": (0, 1)} and a.consumer_config["isolation_level"] == "read_uncommitted"
+
+
+@pytest.mark.parametrize("raw, match", [
+    ({"subscribe": "t"}, "kafka.bootstrap.servers"),
+    ({"kafka.bootstrap.servers": "h:1"}, "exactly one of"),
+    ({"kafka.bootstrap.servers": "h:1", "subscribe": "t", "assign": '{"t": [0]}'}, "exactly one of"),
+    ({"kafka.bootstrap.servers": "h:1", "assign": "[0]"}, "assign"),
+    ({"kafka.bootstrap.servers": "h:1", "subscribe": "t", "kafka.group.id": "g"}, "no consumer group"),
+    ({"kafka.bootstrap.servers": "h:1", "subscribe": "t", "topic": "x"}, "writeStream"),
+    ({"kafka.bootstrap.servers": "h:1", "subscribe": "t", "kafka.isolation.level": "dirty"}, "isolation"),
+])
+def test_kafka_source_options_rejected(raw, match):
+    with pytest.raises(ConfigurationError, match=match):
+        KafkaSourceOptions.from_options(raw)
