@@ -259,7 +259,10 @@ class FileSink(TwoPhaseCommitSink[dict, FileTransaction]):
     def _remove_attempt_dir(self, handle: Mapping[str, Any]) -> None:
         rel = handle.get("attempt_dir")
         if rel and rel.startswith(f"{INTERNAL_DIR}/staging/"):
-            shutil.rmtree(os.path.join(self.root, rel), ignore_errors=True)
+            path = os.path.join(self.root, rel)
+            shutil.rmtree(path, ignore_errors=True)
+            with contextlib.suppress(OSError):  # the checkpoint's folder, once its last attempt is gone
+                os.rmdir(os.path.dirname(path))
 
     def abort_lingering(self, up_to_checkpoint: int, keep: Collection[Mapping[str, Any]] = ()) -> int:
         """Remove staged attempts of checkpoints ``<= up_to_checkpoint`` not in ``keep`` (invariant 4)."""
