@@ -209,6 +209,8 @@ class FileSink(TwoPhaseCommitSink[dict, FileTransaction]):
     def abort_open(self, txn: FileTransaction) -> None:
         for f in txn.open_files.values():
             with contextlib.suppress(Exception):
+                f.writer.close()  # before the stream, or the writer's finaliser writes to a closed file
+            with contextlib.suppress(Exception):
                 f.stream.close()
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(self.root, f.staged_rel))
