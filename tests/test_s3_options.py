@@ -1,0 +1,76 @@
+"""Fast tests of the S3 sink's and S3 log store's pure parts (no server): options, names, ETags."""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+
+import pyarrow as pa
+import pytest
+
+from sinks.s3 import OBJECT_NAME, S3Sink, S3SinkOptions, multipart_etag, object_name
+from twophase.errors import ConfigurationError
+from twophase.log import open_store
+from twophase.log_s3 import S3Config, S3LogStore, parse_s3_url
+from twophase.sink import TransactionContext
+
+
+def test_s3_options_parse_path_and_defaults() -> None:
+    o = S3SinkOptions.from_options({"path": "s3://bkt/a/b/", "checkpointLocation": "/ck"})
+    assert (o.bucket, o.prefix, o.format, o.part_size, o.owner) == ("bkt", "a/b", "parquet", 8 << 20, "/ck")
+
+
+@pytest.mark.parametrize("raw, fragment", [
+    ({"path": "/local/dir"}, "not an S3 URL"),
+    ({"path": "s3:///x"}, "names no bucket"),
+    ({"path": "s3://b/x", "partSize": "1m"}, "5 MiB"),
+    ({"path": "s3://b/x", "partSize": "16m", "maxFileSize": "8m"}, "maxFileSize"),
+    ({"path": "s3://b/x", "s3.accessKeyId": "k"}, "go together"),
+    ({"path": "s3://b/x", "nope": "1"}, "unknown option"),
+    ({"path": "s3://b/x", "format": "avro"}, "format"),
+])
+def test_s3_options_reject_bad_values_naming_the_option(raw, fragment) -> None:
+    with pytest.raises(ConfigurationError, match=fragment):
+        S3SinkOptions.from_options(raw)
+
+
+def test_s3_options_check_partition_columns_against_the_schema() -> None:
+    schema = pa.schema([("id", pa.int64()), ("p", pa.string())])
+    with pytest.raises(ConfigurationError, match="not columns"):
+        S3SinkOptions.from_options({"path": "s3://b/x", "partitionBy": "q"}, schema)
+    with pytest.raises(ConfigurationError, match="every column"):
+        S3SinkOptions.from_options({"path": "s3://b/x", "partitionBy": "id,p"}, schema)
+
+
+def test_s3_multipart_etag_is_md5_of_part_md5s() -> None:
+    parts = [b"a" * 10, b"b" * 3]
+    etags = [{"PartNumber": i + 1, "ETag": f'"{hashlib.md5(p).hexdigest()}"'} for i, p in enumerate(parts)]
+    want = hashlib.md5(b"".join(hashlib.md5(p).digest() for p in parts)).hexdigest() + "-2"
+    assert multipart_etag(etags) == want
+
+
+def test_s3_object_names_carry_the_checkpoint_id() -> None:
+    name = object_name(TransactionContext("s", 42, "3", attempt_uid="0123456789ab"), 7, "parquet")
+    m = OBJECT_NAME.match(name)
+    assert m and int(m.group(1)) == 42 and m.group(3) == "0123456789ab"
+    assert OBJECT_NAME.match("data.parquet") is None
+
+
+def test_s3_sink_and_log_store_pickle_without_a_client() -> None:
+    sink = S3Sink.from_options({"path": "s3://b/x", "s3.endpoint": "http://127.0.0.1:1"})
+    clone = pickle.loads(pickle.dumps(sink))
+    assert clone.options == sink.options and clone._client is None
+    store = S3LogStore("s3://b/x/log", S3Config(endpoint="http://127.0.0.1:1"))
+    assert pickle.loads(pickle.dumps(store)).location == "s3://b/x/log"
+
+
+def test_s3_log_store_is_registered_for_s3_locations() -> None:
+    assert isinstance(open_store("s3://bucket/some/log"), S3LogStore)
+    assert parse_s3_url("s3a://b/p/") == ("b", "p")
+
+
+def test_s3_log_inv3_lock_is_reentrant() -> None:
+    store = S3LogStore("s3://b/lock-test")
+    with store.lock():
+        with store.lock():
+            pass
