@@ -224,6 +224,9 @@ def open_store(location: str) -> LogStore:
     if "://" in location and not location.startswith("file://"):
         scheme = location.split("://", 1)[0]
         factory = _STORE_FACTORIES.get(scheme)
+        if factory is None and scheme in ("s3", "s3a"):
+            import twophase.log_s3  # noqa: F401  (registers the S3 store)
+            factory = _STORE_FACTORIES.get(scheme)
         if factory is None:
             raise ConfigurationError(
                 f"no transaction log store for {scheme}:// locations (log location {location!r}); "
