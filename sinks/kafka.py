@@ -37,7 +37,7 @@ Invariants (``test_kafka_sink_invN_*``):
    visible means committed before, otherwise :class:`~twophase.errors.DataLossError` naming the
    checkpoint, transactional id and partitions. Never silently dropped.
 3. ``abort`` never touches committed records (the broker refuses to abort a committed epoch).
-4. Attempts of the same partition never share a transactional id (mod ``transactionalIdAttempts``);
+4. A fenced producer never un-fences itself (no client-side epoch bump); attempts of the same partition never share a transactional id (mod ``transactionalIdAttempts``);
    ``abort_lingering(n)`` fences only ids of generation ``n mod 2`` and never before the highest
    COMMITTED checkpoint ``>= n``'s generation is known to be final.
 5. A transactional prefix belongs to one query (its checkpoint location): a second one is refused.
@@ -312,6 +312,10 @@ class KafkaSink(TwoPhaseCommitSink[dict, KafkaTransaction]):
             return KafkaTransaction(context, None, self._producer(None), time.time())
         tid = self.transactional_id(context.task_id, context.checkpoint_id, context.attempt)
         producer = self._producer(tid)
+        # A fenced producer must stay fenced: kafka-python (KIP-360) answers INVALID_PRODUCER_EPOCH on a
+        # produce by bumping the epoch itself, which would let a zombie abort the transaction of the
+        # writer that fenced it (measured with noida-db). Pre-KIP-360 classification makes it fatal.
+        producer._transaction_manager._supports_epoch_bump = lambda: False
         try:
             producer.init_transactions()  # step 1: fences zombies of tid, aborts what they left open
             producer.begin_transaction()
