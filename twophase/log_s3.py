@@ -180,7 +180,8 @@ class S3LogStore(LogStore):
         raise TransientSinkError(f"S3 transaction log {self.location}: {name!r} stays contended; retry")
 
     def list(self, prefix: str) -> list[str]:
-        base = self._key(prefix if prefix.endswith("/") else prefix + "/")
+        folder = prefix if not prefix or prefix.endswith("/") else prefix + "/"
+        base = f"{self.prefix}/{folder}" if self.prefix else folder
         strip = len(self.prefix) + 1 if self.prefix else 0
         names: list[str] = []
         try:

@@ -1,0 +1,132 @@
+"""The S3 sink's and S3 log store's invariants against the real S3 server, driven without Spark."""
+
+from __future__ import annotations
+
+import threading
+
+import pyarrow as pa
+import pytest
+
+from _support import S3Server
+from sinks.s3 import S3Sink, complete_upload
+from twophase.coordinator import CheckpointCoordinator
+from twophase.errors import ConcurrentWriterError, DataLossError
+from twophase.log import TransactionLog
+from twophase.log_s3 import S3Config, S3LogStore
+from twophase.sink import TransactionContext, run_task
+
+pytestmark = [pytest.mark.s3]
+
+
+def config(server: S3Server) -> S3Config:
+    return S3Config(server.endpoint, "us-east-1", server.access_key, server.secret_key)
+
+
+def make_sink(server: S3Server, bucket: str, **extra: str) -> S3Sink:
+    sink = S3Sink.from_options({"path": f"s3://{bucket}/out", "partSize": "5m", **server.options(), **extra})
+    sink.validate_destination()
+    sink.transaction_log().claim("test")
+    return sink
+
+
+def rows(n: int, start: int = 0) -> pa.RecordBatch:
+    return pa.record_batch({"id": pa.array(range(start, start + n), pa.int64()), "s": pa.array(["x" * 40] * n)})
+
+
+def test_s3_log_inv1_inv2_put_and_put_if_absent(s3_server: S3Server) -> None:
+    bucket = s3_server.new_bucket()
+    store = S3LogStore(f"s3://{bucket}/log", config(s3_server))
+    assert store.get("a") is None
+    store.put("a", b"1")
+    store.put("a", b"2")
+    assert store.get("a") == b"2"
+    wins = []
+    barrier = threading.Barrier(8)
+
+    def race(i: int) -> None:
+        barrier.wait()
+        wins.append(store.put_if_absent("owner.json", str(i).encode()))
+    threads = [threading.Thread(target=race, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert wins.count(True) == 1
+    assert store.list("") == ["a", "owner.json"]
+    store.delete("a")
+    store.delete("a")
+    assert store.get("a") is None
+
+
+def test_s3_log_transaction_log_on_s3_refuses_a_second_owner(s3_server: S3Server) -> None:
+    bucket = s3_server.new_bucket()
+    log = TransactionLog.open(f"s3://{bucket}/log", "sink")  # via open_store and boto3's environment
+    log.store.config = config(s3_server)  # type: ignore[attr-defined]
+    log.claim("query-a")
+    log.claim("query-a")
+    with pytest.raises(ConcurrentWriterError):
+        log.claim("query-b")
+
+
+def test_s3_sink_inv1_nothing_visible_before_commit_then_all(s3_server: S3Server) -> None:
+    bucket = s3_server.new_bucket()
+    sink = make_sink(s3_server, bucket, format="json")  # ~12 MB per task: several 5 MiB parts
+    c = s3_server.client()
+    acks = [run_task(sink, TransactionContext(sink.sink_id, 0, str(t)), [rows(200_000, t * 200_000)]) for t in range(2)]
+    assert any(len(u["parts"]) > 1 for a in acks for u in a.handle["uploads"]), "more than one part per upload"
+    assert c.list_objects_v2(Bucket=bucket, Prefix="out/part-").get("KeyCount", 0) == 0
+    assert CheckpointCoordinator(sink).complete_batch(0, acks) == "COMMITTED"
+    assert c.list_objects_v2(Bucket=bucket, Prefix="out/part-")["KeyCount"] == 2
+
+
+def test_s3_sink_inv2_unknown_upload_with_expected_etag_is_already_committed(s3_server: S3Server) -> None:
+    bucket = s3_server.new_bucket()
+    sink = make_sink(s3_server, bucket)
+    ack = run_task(sink, TransactionContext(sink.sink_id, 0, "0"), [rows(1000)])
+    sink.commit(ack.handle)
+    u = dict(ack.handle["uploads"][0], upload_id="no-such-upload-id")
+    assert complete_upload(sink.client, u) == "already"
+    sink.commit(ack.handle)  # a second commit of the same handle is a no-op
+
+
+def test_s3_sink_inv2_aborted_upload_is_data_loss(s3_server: S3Server) -> None:
+    bucket = s3_server.new_bucket()
+    sink = make_sink(s3_server, bucket)
+    ack = run_task(sink, TransactionContext(sink.sink_id, 0, "0"), [rows(1000)])
+    sink.abort(ack.handle)
+    with pytest.raises(DataLossError):
+        sink.commit(ack.handle)
+
+
+def test_s3_sink_inv3_abort_never_touches_a_committed_object(s3_server: S3Server) -> None:
+    bucket = s3_server.new_bucket()
+    sink = make_sink(s3_server, bucket)
+    ack = run_task(sink, TransactionContext(sink.sink_id, 0, "0"), [rows(1000)])
+    sink.commit(ack.handle)
+    sink.abort(ack.handle)
+    sink.abort(ack.handle)
+    assert s3_server.client().list_objects_v2(Bucket=bucket, Prefix="out/part-")["KeyCount"] == 1
+
+
+def test_s3_sink_inv4_abort_lingering_only_up_to_n(s3_server: S3Server) -> None:
+    bucket = s3_server.new_bucket()
+    sink = make_sink(s3_server, bucket)
+    for cid in (1, 2):
+        txn = sink.begin_transaction(TransactionContext(sink.sink_id, cid, "0"))
+        sink.write(txn, rows(10))  # a task that dies here leaves an open upload
+    c = s3_server.client()
+    assert len(c.list_multipart_uploads(Bucket=bucket)["Uploads"]) == 2
+    assert sink.abort_lingering(1) == 1
+    assert [u["Key"].split("/")[-1][:13] for u in c.list_multipart_uploads(Bucket=bucket)["Uploads"]] == ["part-00000002"]
+    assert sink.abort_lingering(2) == 1
+    assert c.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+
+
+def test_s3_sink_at_least_once_completes_at_pre_commit(s3_server: S3Server) -> None:
+    bucket = s3_server.new_bucket()
+    sink = S3Sink.from_options({"path": f"s3://{bucket}/out", "guarantee": "at-least-once", "format": "json",
+                                **s3_server.options()})
+    run_task(sink, TransactionContext(sink.sink_id, 0, "0"), [rows(10)])
+    body = s3_server.client().get_object(Bucket=bucket, Key=s3_server.client().list_objects_v2(
+        Bucket=bucket, Prefix="out/part-")["Contents"][0]["Key"])["Body"].read()
+    assert body.count(b"\n") == 10
