@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Set up everything twophase needs on a fresh machine (Debian/Ubuntu, Python 3.10+, root or sudo):
+# Java 17 for Spark (installed with apt-get if missing), and the project's own virtual environment
+# .venv with twophase and all extras installed in editable mode. Idempotent and quick when done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+
+apt_install() {
+  local SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+if ! command -v java >/dev/null 2>&1; then
+  echo "setup: installing Java 17 (Spark needs it)"
+  apt_install openjdk-17-jre-headless
+fi
+
+PY=${PYTHON:-}
+if [ -z "$PY" ]; then
+  for cand in python3.11 python3.12 python3.10 python3; do
+    if command -v "$cand" >/dev/null 2>&1; then PY=$cand; break; fi
+  done
+fi
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv with $PY"
+  "$PY" -m venv .venv
+fi
+STAMP=.venv/.twophase-installed
+if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
+  echo "setup: installing twophase[all] into .venv (first time: a few minutes, PySpark is large)"
+  if ! { .venv/bin/python -m pip install -q --upgrade pip && .venv/bin/python -m pip install -e ".[all]"; } \
+        > .venv/setup.log 2>&1; then
+    tail -40 .venv/setup.log; echo "setup: pip install failed (full log: .venv/setup.log)"; exit 1
+  fi
+  .venv/bin/python -c "import twophase, pyspark, pyarrow, kafka, deltalake, boto3, pytest"
+  touch "$STAMP"
+fi
+export PYSPARK_PYTHON="$ROOT/.venv/bin/python"
+echo "setup: ready ($(.venv/bin/python --version), $(java -version 2>&1 | head -1))"
