@@ -40,16 +40,36 @@ class FormatWriter:
 
 
 class ParquetFormatWriter(FormatWriter):
-    def __init__(self, stream: BinaryIO, schema: pa.Schema, compression: str = "snappy") -> None:
+    """Parquet, with Arrow batches (Spark sends 10k rows at a time) coalesced into row groups of up to
+    ``row_group_bytes`` of Arrow data, so files have a few large row groups, as Spark's writer makes."""
+
+    def __init__(self, stream: BinaryIO, schema: pa.Schema, compression: str = "snappy",
+                 row_group_bytes: int = 64 << 20) -> None:
         super().__init__(stream, schema)
         import pyarrow.parquet as pq
-        self._w = pq.ParquetWriter(stream, schema, compression=compression)
+        self._w = pq.ParquetWriter(stream, schema, compression=None if compression == "none" else compression)
+        self._buffer: list[pa.RecordBatch] = []
+        self._buffered = 0
+        self._row_group_bytes = row_group_bytes
+
+    @property
+    def bytes_written(self) -> int:
+        return self.stream.tell() + self._buffered  # buffered Arrow bytes overestimate: rolls a little early
 
     def write(self, batch: pa.RecordBatch) -> None:
-        self._w.write_batch(batch)
+        self._buffer.append(batch)
+        self._buffered += batch.nbytes
         self.records += batch.num_rows
+        if self._buffered >= self._row_group_bytes:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._buffer:
+            self._w.write_table(pa.Table.from_batches(self._buffer), row_group_size=1 << 30)
+            self._buffer, self._buffered = [], 0
 
     def close(self) -> None:
+        self._flush()
         self._w.close()
 
 
