@@ -1,0 +1,149 @@
+"""twophase-kafka in Spark: the Kafka -> Spark -> Kafka pipeline, the source schema, bad options, prefix refusal.
+
+One SparkSession for the module (local[2]); queries use trigger availableNow and awaitTermination(timeout).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import time
+
+import pytest
+
+from integration.kafka.broker import create_topic, produce, read_topic, unique
+from integration.spark_session import make_spark
+
+pytestmark = [pytest.mark.spark, pytest.mark.kafka]
+
+
+@pytest.fixture(scope="module")
+def spark():
+    s = make_spark("twophase-kafka-tests")
+    yield s
+    s.stop()
+
+
+def _pipeline(spark, bootstrap, src, dst, ck, registry, *, max_offsets=None, extra=None, timeout=180):
+    r = (spark.readStream.format("twophase-kafka").option("kafka.bootstrap.servers", bootstrap)
+         .option("subscribe", src).option("startingOffsets", "earliest"))
+    if max_offsets:
+        r = r.option("maxOffsetsPerTrigger", max_offsets)
+    w = (r.load().selectExpr("key", "value").writeStream.format("twophase-kafka")
+         .option("kafka.bootstrap.servers", bootstrap).option("topic", dst)
+         .option("checkpointLocation", ck).option("prefixRegistry", registry).trigger(availableNow=True))
+    for k, v in (extra or {}).items():
+        w = w.option(k, v)
+    q = w.start()
+    assert q.awaitTermination(timeout), "query did not finish"
+    if q.exception() is not None:
+        raise AssertionError(str(q.exception()))
+    return q
+
+
+def test_kafka_pipeline_exactly_once_read_committed(spark, kafka_bootstrap, tmp_path, registry):
+    src = create_topic(kafka_bootstrap, unique("in"), 2)
+    dst = create_topic(kafka_bootstrap, unique("out"), 2)
+    expected = [b"r-%d" % i for i in range(250)]
+    produce(kafka_bootstrap, src, expected[:200], keys=[b"k%d" % i for i in range(200)])
+    produce(kafka_bootstrap, src, [b"aborted-%d" % i for i in range(20)], transactional_id=unique("t"), commit=False)
+    produce(kafka_bootstrap, src, expected[200:], transactional_id=unique("t"))
+    ck = str(tmp_path / "ck")
+    q = _pipeline(spark, kafka_bootstrap, src, dst, ck, registry, max_offsets=100)
+    assert len(q.recentProgress) >= 3
+    out = read_topic(kafka_bootstrap, dst)
+    counts = collections.Counter(r.value for r in out)
+    assert set(counts) == set(expected) and max(counts.values()) == 1, "every input record exactly once"
+    assert all(r.key == b"k" + r.value[2:] for r in out if int(r.value[2:]) < 200), "keys travel with values"
+    # a restart of the same query picks up only what is new
+    more = [b"r-%d" % i for i in range(250, 300)]
+    produce(kafka_bootstrap, src, more)
+    _pipeline(spark, kafka_bootstrap, src, dst, ck, registry, max_offsets=100)
+    counts = collections.Counter(r.value for r in read_topic(kafka_bootstrap, dst))
+    assert set(counts) == set(expected + more) and max(counts.values()) == 1
+
+
+def test_kafka_source_schema_and_headers(spark, kafka_bootstrap, tmp_path):
+    from kafka import KafkaProducer
+    src = create_topic(kafka_bootstrap, unique("hdr"), 1)
+    p = KafkaProducer(bootstrap_servers=kafka_bootstrap)
+    p.send(src, key=b"k", value=b"v", headers=[("h1", b"x")], partition=0)
+    p.flush()
+    p.close()
+    df = (spark.readStream.format("twophase-kafka").option("kafka.bootstrap.servers", kafka_bootstrap)
+          .option("subscribe", src).option("startingOffsets", "earliest").option("includeHeaders", "true").load())
+    assert df.schema.simpleString() == ("struct<key:binary,value:binary,topic:string,partition:int,offset:bigint,"
+                                        "timestamp:timestamp,timestampType:int,headers:array<struct<key:string,"
+                                        "value:binary>>>")
+    rows = []
+    q = (df.writeStream.foreachBatch(lambda b, _id: rows.extend(b.collect()))
+         .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
+    assert q.awaitTermination(120)
+    assert len(rows) == 1
+    r = rows[0]
+    assert (bytes(r.key), bytes(r.value), r.topic, r.partition, r.offset) == (b"k", b"v", src, 0, 0)
+    assert [(h.key, bytes(h.value)) for h in r.headers] == [("h1", b"x")] and r.timestamp is not None
+
+
+def _rate_query(spark, options: dict, ck: str):
+    df = spark.readStream.format("rate-micro-batch").option("rowsPerBatch", 10).load()
+    w = df.selectExpr("CAST(value AS STRING) AS value").writeStream.format("twophase-kafka")
+    for k, v in options.items():
+        w = w.option(k, v)
+    return w.option("checkpointLocation", ck).trigger(processingTime="1 second").start()
+
+
+def _failure(q, timeout: float) -> str:
+    """The error message of a query that must fail within ``timeout`` seconds."""
+    try:
+        finished = q.awaitTermination(timeout)
+    except Exception as e:  # StreamingQueryException: the query failed
+        return str(e)
+    assert finished, "a query that should fail kept running"
+    return str(q.exception())
+
+
+@pytest.mark.parametrize("case", ["no_bootstrap", "no_topic", "unreachable"])
+def test_kafka_bad_options_fail_fast_and_commit_nothing(spark, tmp_path, registry, case):
+    options = {"kafka.bootstrap.servers": "127.0.0.1:9", "topic": "t", "prefixRegistry": registry,
+               "kafka.bootstrap.timeout.ms": "3000"}
+    if case == "no_bootstrap":
+        del options["kafka.bootstrap.servers"]
+    elif case == "no_topic":
+        del options["topic"]
+    ck = str(tmp_path / "ck")
+    started = time.monotonic()
+    try:
+        q = _rate_query(spark, options, ck)
+    except Exception as e:  # analysis-time failure
+        message = str(e)
+    else:
+        try:
+            message = _failure(q, 60)
+        finally:
+            q.stop()
+    assert time.monotonic() - started < 60
+    expect = {"no_bootstrap": "kafka.bootstrap.servers' is required", "no_topic": "no topic",
+              "unreachable": "no Kafka broker answers"}[case]
+    assert expect in message, message
+    assert not os.path.exists(os.path.join(ck, "commits", "0")), "a batch was committed"
+
+
+def test_kafka_two_queries_same_prefix_refused(spark, kafka_bootstrap, tmp_path, registry):
+    dst = create_topic(kafka_bootstrap, unique("shared"), 1)
+    options = {"kafka.bootstrap.servers": kafka_bootstrap, "topic": dst, "prefixRegistry": registry,
+               "transactionalIdPrefix": unique("same")}
+    first = _rate_query(spark, options, str(tmp_path / "ck1"))
+    try:
+        deadline = time.monotonic() + 90
+        while not first.recentProgress and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert first.recentProgress, "first query made no progress"
+        second = _rate_query(spark, options, str(tmp_path / "ck2"))
+        try:
+            assert "transactional prefix" in _failure(second, 60)
+        finally:
+            second.stop()
+        assert first.isActive
+    finally:
+        first.stop()
