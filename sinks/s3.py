@@ -244,7 +244,7 @@ def complete_upload(client: Any, u: Mapping[str, Any]) -> str:
     try:
         client.list_parts(Bucket=u["bucket"], Key=u["key"], UploadId=u["upload_id"], MaxParts=1)
     except Exception as e:
-        if error_code(e) in ("NoSuchUpload", "404"):
+        if error_code(e) in ("NoSuchUpload", "NoSuchKey", "404"):  # radosgw answers NoSuchKey
             raise DataLossError(f"twophase-s3: upload {u['upload_id']} of s3://{u['bucket']}/{u['key']} is gone "
                                 f"(aborted or expired) and {found} is there: the data of this checkpoint is lost") from failure
     raise CommitFailedError(f"twophase-s3: cannot complete s3://{u['bucket']}/{u['key']}: {failure}") from failure

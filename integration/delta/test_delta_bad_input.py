@@ -78,7 +78,7 @@ def test_delta_sink_inv5_merge_schema_adds_the_column_and_reads_back(spark, tmp_
     assert sorted(t.column("id").to_pylist()) == list(range(-1, 20))
     import duckdb
     files = ", ".join(repr(u) for u in dt.file_uris())
-    n, distinct = duckdb.sql(f"select count(*), count(distinct id) from read_parquet([{files}], union_by_name=true)").fetchone()
+    n, distinct = duckdb.sql(f"select count(*), count(distinct id) from read_parquet([{files}], union_by_name=true)").fetchall()[0]
     assert (n, distinct) == (21, 21)
 
 
