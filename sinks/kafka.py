@@ -297,6 +297,9 @@ class KafkaSink(TwoPhaseCommitSink[dict, KafkaTransaction]):
         cfg = dict(self.options.producer_config)
         cfg.setdefault("linger_ms", 5)
         cfg.setdefault("batch_size", 256 * 1024)
+        # the sender polls at this interval while FindCoordinator / InitProducerId / AddPartitionsToTxn are in
+        # flight: the default 100 ms makes init_transactions take ~0.25 s, 20 ms ~0.08 s (measured)
+        cfg.setdefault("retry_backoff_ms", 20)
         if transactional_id is not None:
             cfg.update(transactional_id=transactional_id, transaction_timeout_ms=self.options.transaction_timeout_ms)
         else:

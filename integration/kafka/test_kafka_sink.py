@@ -173,3 +173,20 @@ def test_kafka_sink_unreachable_broker_fails_fast(tmp_path, registry):
     with pytest.raises(ConfigurationError, match="kafka.bootstrap.servers"):
         prepare_sink(KafkaSink.from_options(raw, SCHEMA), raw["checkpointLocation"], what="test")
     assert time.monotonic() - started < 15
+
+
+def test_kafka_sink_recovery_without_list_transactions_fences_known_id_space(env, kafka_bootstrap, monkeypatch):
+    """Brokers without ListTransactions: every id of the known id space of the generation is re-initialised."""
+    from sinks._kafka_txn import TxnClient
+    raw, topic = env
+    sink = KafkaSink.from_options(raw, SCHEMA)
+    prepare_sink(sink, raw["checkpointLocation"], what="test")
+    acks = [run_task(sink, TransactionContext(sink.sink_id, 0, str(t), 0), [_batch(f"t{t}", 3)]) for t in range(2)]
+    lingering = sink.begin_transaction(TransactionContext(sink.sink_id, 0, "1", 5))
+    sink.write(lingering, _batch("lingering", 3))
+    lingering.producer.flush()
+    monkeypatch.setattr(TxnClient, "list_transactions", lambda self, prefix, states=("Ongoing",): None)
+    assert CheckpointCoordinator(sink).complete_batch(0, acks, ["0", "1"]) == "COMMITTED"
+    monkeypatch.undo()
+    assert _no_open_transactions(sink)
+    assert len(_values(kafka_bootstrap, topic)) == 6
