@@ -414,7 +414,9 @@ def test_coordinator_inv3_notify_commits_everything_up_to_n_in_order(coord, sink
     assert all(sink.state_of(h) is TransactionState.PRE_COMMITTED for h in (a.handle for a in by_cid[5]))
     coord.notify_checkpoint_complete(5)
     assert sink.committed[-3:] == txn_ids(by_cid[5])
-    assert txlog.get(4).state is C.PENDING  # not this coordinator's to decide; recovery aborts it
+    # an orphaned PENDING record below the committed one is subsumed (log invariant 6)
+    assert txlog.get(4).state is C.ABORTED and txlog.get(4).reason == "subsumed by checkpoint 5"
+    assert txlog.unfinished() == []
     assert_exactly_once(sink)
 
 

@@ -459,3 +459,39 @@ def test_log_inv1_inv2_survive_sigkill_of_the_writer(tmp_path):
     assert progress[-1] > 1, f"seed {seed}: the writer made no progress: {progress}"
     assert progress == sorted(progress), f"seed {seed}: {progress}"
     assert log.highest_committed() is not None
+
+
+class CountingStore(LocalLogStore):
+    """A local store that counts reads, to show how many records a question costs."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(root)
+        self.gets = 0
+
+    def get(self, name: str):
+        self.gets += 1
+        return super().get(name)
+
+
+def test_log_inv6_recovery_questions_read_only_the_newest_records(tmp_path):
+    store = CountingStore(str(tmp_path / "log"))
+    log = TransactionLog(store, "fake", retain=100)
+    for cid in range(1, 51):
+        committed(log, cid)
+    log.transition(51, C.PENDING)
+    store.gets = 0
+    v = log.view()
+    assert (v.highest_committed, [r.checkpoint_id for r in v.unfinished]) == (50, [51])
+    assert store.gets == 2, "the view must stop at the first COMMITTED record from the top"
+    store.gets = 0
+    assert log.prune() == 0 and store.gets == 2
+
+
+def test_log_inv6_latest_completed_prefers_a_newer_completed_record(txlog):
+    committed(txlog, 1)
+    txlog.transition(2, C.PENDING)
+    assert txlog.latest_completed().checkpoint_id == 1
+    txlog.transition(2, C.COMPLETED, handles={})
+    assert txlog.latest_completed().checkpoint_id == 2
+    txlog.transition(3, C.PENDING)
+    assert txlog.latest_completed().checkpoint_id == 2

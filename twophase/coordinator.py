@@ -126,7 +126,8 @@ class CheckpointCoordinator:
         """Commit COMPLETED checkpoints, abort PENDING ones and lingering transactions."""
         report = RecoveryReport()
         with self._lock, self.log.locked():
-            for rec in self.log.unfinished():
+            view = self.log.view()
+            for rec in view.unfinished:
                 if rec.state is CheckpointState.COMPLETED:
                     self._commit_record(rec, recovering=True)
                     report.committed.append(rec.checkpoint_id)
@@ -138,8 +139,8 @@ class CheckpointCoordinator:
             # Only up to the highest COMMITTED id: an ABORTED id may be attempted again right now (Spark
             # re-runs the batch; this recovery also runs in the commit worker just before that batch's
             # commit), so its staged data is cleaned only once a later checkpoint commits (step 5).
-            highest = self.log.highest_committed()
-            if highest is not None:
+            highest = max([view.highest_committed or -1, *report.committed])
+            if highest >= 0:
                 report.lingering_aborted = self.sink.abort_lingering(highest, ())
         if report.committed or report.aborted or report.lingering_aborted:
             _log.info("recovered", sink_id=self.log.sink_id, committed=report.committed, aborted=report.aborted,
@@ -148,10 +149,7 @@ class CheckpointCoordinator:
 
     def latest_completed(self) -> Optional[CheckpointRecord]:
         """The newest COMMITTED or COMPLETED record (what a restart restores from)."""
-        for rec in reversed(self.log.records()):
-            if rec.state in (CheckpointState.COMMITTED, CheckpointState.COMPLETED):
-                return rec
-        return None
+        return self.log.latest_completed()
 
     # ---- step 1: trigger
 
@@ -257,14 +255,20 @@ class CheckpointCoordinator:
     def notify_checkpoint_complete(self, checkpoint_id: int, *, current: Optional[CheckpointRecord] = None) -> None:
         """Commit every COMPLETED checkpoint <= ``checkpoint_id`` in order, then subsume and clean (steps 4-5)."""
         with self._lock, self.log.locked():
+            # step 5a: subsume older pending checkpoints (invariant 4) BEFORE committing, so that no
+            # record below a COMMITTED one is left unfinished (log invariant 6)
+            for cid in [c for c in self._pending if c < checkpoint_id]:
+                self.abort_checkpoint(cid, f"subsumed by checkpoint {checkpoint_id}")
             for rec in self.log.unfinished():
                 if rec.checkpoint_id > checkpoint_id:
                     break
                 if rec.state is CheckpointState.COMPLETED:
                     self._commit_record(rec, recovering=rec.checkpoint_id != checkpoint_id)
-            # step 5: subsume older pending checkpoints (invariant 4)
-            for cid in [c for c in self._pending if c < checkpoint_id]:
-                self.abort_checkpoint(cid, f"subsumed by checkpoint {checkpoint_id}")
+                elif rec.state is CheckpointState.PENDING and rec.checkpoint_id < checkpoint_id:
+                    # a PENDING record no live PendingCheckpoint owns (its coordinator died): subsumed
+                    self.log.transition(rec.checkpoint_id, CheckpointState.ABORTED,
+                                        reason=f"subsumed by checkpoint {checkpoint_id}")
+            # step 5b: clean up
             self.consecutive_failures = 0
             self.sink.abort_lingering(checkpoint_id, ())
             self.log.prune()

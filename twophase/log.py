@@ -16,6 +16,11 @@ a SHA-256 of its body. Invariants (named in tests as ``test_log_invN_*``):
 4. Retention removes only final (COMMITTED/ABORTED) records, never the newest ``retain`` of them and
    never the highest committed one, so ``highest_committed`` survives pruning.
 5. A sink id has one owner: a second owner is refused with :class:`ConcurrentWriterError`.
+6. No record below the highest COMMITTED one is unfinished (the coordinator commits completed
+   checkpoints in id order and aborts older pending ones before it commits a newer one). So the
+   questions recovery asks (what is unfinished, what is the highest committed id) are answered by
+   one listing and reading records from the newest down to the first COMMITTED one: O(1) reads in
+   the steady state, which matters when the log is on S3.
 """
 
 from __future__ import annotations
@@ -314,6 +319,23 @@ def decode_record(data: bytes, where: str) -> dict[str, Any]:
 # --------------------------------------------------------------------------- the log
 
 
+@dataclass(frozen=True)
+class LogView:
+    """What one scan of the log saw: every id, the highest COMMITTED record, and the records above it."""
+
+    ids: list[int]
+    committed: Optional[CheckpointRecord]
+    newer: list[CheckpointRecord]
+
+    @property
+    def highest_committed(self) -> Optional[int]:
+        return self.committed.checkpoint_id if self.committed is not None else None
+
+    @property
+    def unfinished(self) -> list[CheckpointRecord]:
+        return [r for r in self.newer if not r.state.is_final]
+
+
 class TransactionLog:
     """The durable per-sink log of checkpoint decisions (see module invariants)."""
 
@@ -389,17 +411,34 @@ class TransactionLog:
                 ids.append(int(base[:-5]))
         return sorted(ids)
 
+    def view(self) -> "LogView":
+        """One listing, then records read from the newest down to the first COMMITTED one (invariant 6)."""
+        ids = self.checkpoint_ids()
+        newer: list[CheckpointRecord] = []
+        for cid in reversed(ids):
+            rec = self.get(cid)
+            if rec is None:
+                continue
+            if rec.state is CheckpointState.COMMITTED:
+                return LogView(ids, rec, newer[::-1])
+            newer.append(rec)
+        return LogView(ids, None, newer[::-1])
+
     def highest_committed(self) -> Optional[int]:
         """The highest COMMITTED checkpoint id (kept through pruning, invariant 4)."""
-        for cid in reversed(self.checkpoint_ids()):
-            rec = self.get(cid)
-            if rec is not None and rec.state is CheckpointState.COMMITTED:
-                return cid
-        return None
+        return self.view().highest_committed
 
     def unfinished(self) -> list[CheckpointRecord]:
-        """PENDING and COMPLETED records (the ones recovery must act on), in id order."""
-        return [r for r in self.records() if not r.state.is_final]
+        """PENDING and COMPLETED records (the ones recovery must act on), in id order (invariant 6)."""
+        return self.view().unfinished
+
+    def latest_completed(self) -> Optional[CheckpointRecord]:
+        """The newest COMPLETED or COMMITTED record: what a restart restores from."""
+        v = self.view()
+        for rec in reversed(v.newer):
+            if rec.state is CheckpointState.COMPLETED:
+                return rec
+        return v.committed
 
     def transition(self, checkpoint_id: int, target: CheckpointState, **changes: Any) -> CheckpointRecord:
         """Move ``checkpoint_id`` to ``target`` (invariant 3) and write the record durably (invariant 1)."""
@@ -426,18 +465,24 @@ class TransactionLog:
         self.store.put(self._name(record.checkpoint_id), encode_record(body))
 
     def prune(self) -> int:
-        """Apply retention (invariant 4); returns how many records were removed."""
-        final = [r for r in self.records() if r.state.is_final]
+        """Apply retention (invariant 4); returns how many records were removed.
+
+        Records at or below the highest committed id are final (invariant 6), so only the few above it
+        are read.
+        """
+        v = self.view()
+        hc = v.highest_committed
+        final = sorted([cid for cid in v.ids if hc is not None and cid <= hc]
+                       + [r.checkpoint_id for r in v.newer if r.state.is_final])
         if len(final) <= self.retain:
             return 0
-        keep_ids = {r.checkpoint_id for r in final[-self.retain:]}
-        committed = [r.checkpoint_id for r in final if r.state is CheckpointState.COMMITTED]
-        if committed:
-            keep_ids.add(committed[-1])
+        keep_ids = set(final[-self.retain:])
+        if hc is not None:
+            keep_ids.add(hc)
         removed = 0
-        for r in final:
-            if r.checkpoint_id not in keep_ids:
-                self.store.delete(self._name(r.checkpoint_id))
+        for cid in final:
+            if cid not in keep_ids:
+                self.store.delete(self._name(cid))
                 removed += 1
         return removed
 
