@@ -345,6 +345,11 @@ class TransactionLog:
         self.store = store
         self.sink_id = sink_id
         self.retain = retain
+        # While this process holds the store's lock it is the only writer, so what it read or wrote
+        # stays true until the lock is released: reads and the listing are cached for that span only.
+        self._locked_depth = 0
+        self._cache: dict[int, Optional[CheckpointRecord]] = {}
+        self._ids: Optional[set[int]] = None
 
     @classmethod
     def open(cls, location: str, sink_id: str, *, retain: int = 100) -> "TransactionLog":
@@ -380,6 +385,14 @@ class TransactionLog:
         return f"checkpoints/{checkpoint_id:020d}.json"
 
     def get(self, checkpoint_id: int) -> Optional[CheckpointRecord]:
+        if self._locked_depth and checkpoint_id in self._cache:
+            return self._cache[checkpoint_id]
+        rec = self._read(checkpoint_id)
+        if self._locked_depth:
+            self._cache[checkpoint_id] = rec
+        return rec
+
+    def _read(self, checkpoint_id: int) -> Optional[CheckpointRecord]:
         name = self._name(checkpoint_id)
         data = self.store.get(name)
         if data is None:
@@ -394,21 +407,18 @@ class TransactionLog:
 
     def records(self) -> list[CheckpointRecord]:
         """Every record, in checkpoint id order."""
-        out = []
-        for name in self.store.list("checkpoints/"):
-            base = name.rsplit("/", 1)[-1]
-            if base.endswith(".json") and base[:-5].isdigit():
-                rec = self.get(int(base[:-5]))
-                if rec is not None:
-                    out.append(rec)
-        return out
+        return [rec for rec in map(self.get, self.checkpoint_ids()) if rec is not None]
 
     def checkpoint_ids(self) -> list[int]:
-        ids = []
+        if self._locked_depth and self._ids is not None:
+            return sorted(self._ids)
+        ids = set()
         for name in self.store.list("checkpoints/"):
             base = name.rsplit("/", 1)[-1]
             if base.endswith(".json") and base[:-5].isdigit():
-                ids.append(int(base[:-5]))
+                ids.add(int(base[:-5]))
+        if self._locked_depth:
+            self._ids = ids
         return sorted(ids)
 
     def view(self) -> "LogView":
@@ -463,6 +473,10 @@ class TransactionLog:
     def _write(self, record: CheckpointRecord) -> None:
         body = {"sink_id": self.sink_id, "record": record.to_json()}
         self.store.put(self._name(record.checkpoint_id), encode_record(body))
+        if self._locked_depth:
+            self._cache[record.checkpoint_id] = record
+            if self._ids is not None:
+                self._ids.add(record.checkpoint_id)
 
     def prune(self) -> int:
         """Apply retention (invariant 4); returns how many records were removed.
@@ -483,11 +497,21 @@ class TransactionLog:
         for cid in final:
             if cid not in keep_ids:
                 self.store.delete(self._name(cid))
+                self._cache.pop(cid, None)
+                if self._ids is not None:
+                    self._ids.discard(cid)
                 removed += 1
         return removed
 
     @contextlib.contextmanager
     def locked(self) -> Iterator["TransactionLog"]:
-        """Hold the store's lock for a multi-step decision."""
+        """Hold the store's lock for a multi-step decision; reads are cached until it is released."""
         with self.store.lock():
-            yield self
+            self._locked_depth += 1
+            try:
+                yield self
+            finally:
+                self._locked_depth -= 1
+                if self._locked_depth == 0:
+                    self._cache.clear()
+                    self._ids = None
