@@ -1,0 +1,59 @@
+"""A task attempt that fails mid-write is retried by Spark under ANOTHER transactional id (attempt slot):
+the retry never fences a committed attempt, the failed attempt's records never become visible, and the
+output holds every record exactly once. Own module: it needs task retries (master local[2,3])."""
+
+from __future__ import annotations
+
+import collections
+import os
+import sys
+
+import pytest
+
+from integration.kafka.broker import create_topic, produce, read_topic, unique
+
+pytestmark = [pytest.mark.spark, pytest.mark.kafka]
+
+
+@pytest.fixture(scope="module")
+def spark():
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+    import twophase.spark
+    s = (SparkSession.builder.master("local[2,3]").appName("twophase-kafka-retry")
+         .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
+         .config("spark.sql.execution.arrow.maxRecordsPerBatch", "10").getOrCreate())
+    s.sparkContext.setLogLevel("ERROR")
+    twophase.spark.register(s)
+    yield s
+    s.stop()
+
+
+def test_kafka_sink_inv4_retried_attempt_commits_exactly_once(spark, kafka_bootstrap, tmp_path, registry):
+    src = create_topic(kafka_bootstrap, unique("rin"), 2)
+    dst = create_topic(kafka_bootstrap, unique("rout"), 2)
+    expected = [b"x-%d" % i for i in range(120)]
+    produce(kafka_bootstrap, src, expected)
+
+    marker = str(tmp_path / "failed-attempt")
+
+    def fail_first_attempt(batches):
+        from pyspark import TaskContext
+        tc = TaskContext.get()
+        for i, b in enumerate(batches):
+            yield b
+            if i == 2 and tc.attemptNumber() == 0 and tc.partitionId() == 0:
+                open(marker, "w").write("attempt 0 failed")
+                raise RuntimeError("injected failure of attempt 0 mid-write")
+
+    df = (spark.readStream.format("twophase-kafka").option("kafka.bootstrap.servers", kafka_bootstrap)
+          .option("subscribe", src).option("startingOffsets", "earliest").load().selectExpr("key", "value"))
+    df = df.mapInArrow(fail_first_attempt, df.schema)
+    q = (df.writeStream.format("twophase-kafka").option("kafka.bootstrap.servers", kafka_bootstrap)
+         .option("topic", dst).option("checkpointLocation", str(tmp_path / "ck")).option("prefixRegistry", registry)
+         .trigger(availableNow=True).start())
+    assert q.awaitTermination(180)
+    assert q.exception() is None, str(q.exception())
+    counts = collections.Counter(r.value for r in read_topic(kafka_bootstrap, dst))
+    assert set(counts) == set(expected) and max(counts.values()) == 1
+    assert os.path.exists(marker), "attempt 0 did not fail: the retry path was not exercised"
