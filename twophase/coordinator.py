@@ -108,8 +108,13 @@ class CheckpointCoordinator:
     """
 
     def __init__(self, sink: TwoPhaseCommitSink[Any, Any], log: Optional[TransactionLog] = None, *,
-                 policy: Optional[TriggerPolicy] = None, clock: Callable[[], float] = time.time) -> None:
+                 policy: Optional[TriggerPolicy] = None, clock: Callable[[], float] = time.time,
+                 sweep_after_commit: bool = True) -> None:
+        """``sweep_after_commit``: abort lingering transactions ``<= n`` right after committing ``n``
+        (step 5). The Spark adapter turns it off because it recovers, and so sweeps, before every
+        micro-batch anyway; a sweep can be a slow listing (S3 multipart uploads)."""
         self.sink = sink
+        self.sweep_after_commit = sweep_after_commit
         self.log = log if log is not None else sink.transaction_log()
         self.policy = policy or TriggerPolicy()
         self.clock = clock
@@ -270,7 +275,8 @@ class CheckpointCoordinator:
                                         reason=f"subsumed by checkpoint {checkpoint_id}")
             # step 5b: clean up
             self.consecutive_failures = 0
-            self.sink.abort_lingering(checkpoint_id, ())
+            if self.sweep_after_commit:
+                self.sink.abort_lingering(checkpoint_id, ())
             self.log.prune()
         faults.maybe_crash("after_commit", checkpoint_id)
 

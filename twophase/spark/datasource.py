@@ -92,7 +92,9 @@ class TwoPhaseStreamWriter(DataSourceStreamArrowWriter):
         if getattr(self.sink, "guarantee", None) is Guarantee.AT_LEAST_ONCE:
             return
         acks = _acks(messages)
-        CheckpointCoordinator(self.sink).complete_batch(batchId, acks, expected_tasks=[str(i) for i in range(len(messages))])
+        # no sweep here: prepare_sink() recovers, and sweeps, before every micro-batch
+        CheckpointCoordinator(self.sink, sweep_after_commit=False).complete_batch(
+            batchId, acks, expected_tasks=[str(i) for i in range(len(messages))])
 
     def abort(self, messages: List[Optional[WriterCommitMessage]], batchId: int) -> None:
         if getattr(self.sink, "guarantee", None) is Guarantee.AT_LEAST_ONCE:
