@@ -33,9 +33,12 @@ def make_batch(seed: int, rows: int) -> pa.RecordBatch:
     """~40 bytes/row of mixed columns, deterministic per seed."""
     import numpy as np
     rng = np.random.default_rng(seed)
+    s = pa.array(rng.integers(0, 1 << 40, rows).astype(str))
+    if isinstance(s, pa.ChunkedArray):  # large numpy string arrays convert in chunks
+        s = s.combine_chunks()
     return pa.record_batch({
         "id": pa.array(np.arange(seed * rows, (seed + 1) * rows, dtype=np.int64)),
         "k": pa.array(rng.integers(0, 1000, rows, dtype=np.int32)),
         "x": pa.array(rng.random(rows)),
-        "s": pa.array(rng.integers(0, 1 << 40, rows).astype(str)),
+        "s": s,
     })

@@ -48,11 +48,16 @@ def run(where: str, base: str, extra: dict, storage: dict | None, batches: dict,
     log.claim("bench")
     commits = []
     t0 = time.perf_counter()
+    from concurrent.futures import ThreadPoolExecutor
+    pool = ThreadPoolExecutor(tasks)  # tasks run side by side, as on Spark executors
     for b in range(n_batches):
-        acks = [run_task(sink, TransactionContext(sink.sink_id, b, str(t)), [batches[b, t]]) for t in range(tasks)]
+        CheckpointCoordinator(sink, log).recover()  # as Spark's streamWriter() does before each batch
+        acks = list(pool.map(lambda t: run_task(sink, TransactionContext(sink.sink_id, b, str(t)), [batches[b, t]]),
+                             range(tasks)))
         c0 = time.perf_counter()
-        CheckpointCoordinator(sink, log).complete_batch(b, acks)
+        CheckpointCoordinator(sink, log, sweep_after_commit=False).complete_batch(b, acks)
         commits.append(time.perf_counter() - c0)
+    pool.shutdown()
     twophase_s = time.perf_counter() - t0
     n1 = DeltaTable(f"{base}/plain", storage_options=storage).count()
     n2 = DeltaTable(f"{base}/twophase", storage_options=storage).count()
