@@ -96,8 +96,8 @@ def kafka_broker() -> Iterator[str]:
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
+        try:  # noida-db can take 20 s to stop on SIGTERM; its data dir is a throwaway temp dir
+            proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait()
