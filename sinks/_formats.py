@@ -10,7 +10,7 @@ import base64
 import datetime as _dt
 import decimal
 import json
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Callable, MutableMapping, Optional
 
 import pyarrow as pa
 
@@ -150,3 +150,40 @@ def split_by_partition(batch: pa.RecordBatch, columns: tuple[str, ...]) -> list[
         for b in part.to_batches():
             out.append((rel, b))
     return out
+
+
+def part_file_name(checkpoint_id: int, task_id: str, attempt_uid: str, seq: int, ext: str) -> str:
+    """``part-<checkpoint>-<task>-<attempt>-<seq>.<ext>``: unique per attempt, sorted by checkpoint."""
+    task = int(task_id) if task_id.isdigit() else task_id
+    return f"part-{checkpoint_id:08d}-{task:>05}-{attempt_uid}-{seq:03d}.{ext}"
+
+
+def slices(batch: pa.RecordBatch, max_bytes: int) -> list[pa.RecordBatch]:
+    """Cut ``batch`` into slices of about ``max_bytes`` in memory, so a file rolls close to its limit."""
+    if batch.num_rows <= 1 or batch.nbytes <= max_bytes:
+        return [batch]
+    rows = max(1, int(batch.num_rows * max_bytes / batch.nbytes))
+    return [batch.slice(i, rows) for i in range(0, batch.num_rows, rows)]
+
+
+def write_rolling(open_files: MutableMapping[str, Any], batch: pa.RecordBatch, partition_by: tuple[str, ...],
+                  max_bytes: int, open_file: Callable[[str, pa.Schema], Any], close_file: Callable[[Any], None],
+                  observe: Optional[Callable[[Any, pa.RecordBatch], None]] = None) -> int:
+    """Route ``batch`` to one open file per Hive partition directory, rolling past ``max_bytes``.
+
+    The loop every file-like sink (files, S3, Delta) shares. ``open_files`` maps a partition directory
+    (``""`` when unpartitioned) to an object with a ``writer`` (:class:`FormatWriter`);
+    ``open_file(part_rel, schema)`` opens one, ``close_file(f)`` finishes one that reached the limit,
+    ``observe(f, piece)`` sees every piece written (statistics). Returns the rows written.
+    """
+    for part_rel, part in split_by_partition(batch, partition_by):
+        for piece in slices(part, max_bytes // 4):
+            f = open_files.get(part_rel)
+            if f is None:
+                f = open_files[part_rel] = open_file(part_rel, piece.schema)
+            f.writer.write(piece)
+            if observe is not None:
+                observe(f, piece)
+            if f.writer.bytes_written >= max_bytes:
+                close_file(open_files.pop(part_rel))
+    return batch.num_rows

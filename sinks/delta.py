@@ -43,7 +43,7 @@ from typing import Any, Collection, Iterator, Mapping, Optional, Sequence
 
 import pyarrow as pa
 
-from sinks._formats import ParquetFormatWriter, split_by_partition
+from sinks._formats import ParquetFormatWriter, write_rolling
 from sinks.s3 import (MultipartStream, S3_CLIENT_OPTIONS, abort_lingering_uploads, check_bucket, check_partition_columns,
                       complete_upload, multipart_etag, object_name, s3_config_from, OBJECT_NAME)
 from twophase import faults
@@ -413,14 +413,9 @@ class DeltaSink(TwoPhaseCommitSink[dict, DeltaTransaction]):
     def write(self, txn: DeltaTransaction, batch: pa.RecordBatch) -> int:
         if batch.num_rows == 0:
             return 0
-        for part_rel, part in split_by_partition(batch, self.partition_by):
-            f = txn.open_files.get(part_rel)
-            if f is None:
-                f = txn.open_files[part_rel] = self._open(txn, part_rel, part.schema)
-            f.writer.write(part)
-            f.stats.update(part)
-            if f.writer.bytes_written >= self.options.target_file_size:
-                self._close(txn, txn.open_files.pop(part_rel))
+        write_rolling(txn.open_files, batch, self.partition_by, self.options.target_file_size,
+                      lambda rel, schema: self._open(txn, rel, schema), lambda f: self._close(txn, f),
+                      observe=lambda f, piece: f.stats.update(piece))
         txn.records += batch.num_rows
         return batch.num_rows
 

@@ -31,7 +31,7 @@ from typing import Any, Collection, Mapping, Optional
 
 import pyarrow as pa
 
-from sinks._formats import EXTENSIONS, FORMATS, FormatWriter, open_format_writer, split_by_partition
+from sinks._formats import EXTENSIONS, FORMATS, FormatWriter, open_format_writer, part_file_name, write_rolling
 from twophase._logging import get_logger
 from twophase.errors import ConfigurationError, DataLossError, TwoPhaseError
 from twophase.log import TransactionLog, _fsync_dir
@@ -83,14 +83,6 @@ class FileSinkOptions:
             if opts.partition_by and len(opts.partition_by) == len(schema.names):
                 raise ConfigurationError("twophase-file: option 'partitionBy' names every column; keep at least one data column")
         return opts
-
-
-def _slices(batch: pa.RecordBatch, max_bytes: int) -> list[pa.RecordBatch]:
-    """Cut ``batch`` into slices of about ``max_bytes`` in memory, so a file rolls close to its limit."""
-    if batch.num_rows <= 1 or batch.nbytes <= max_bytes:
-        return [batch]
-    rows = max(1, int(batch.num_rows * max_bytes / batch.nbytes))
-    return [batch.slice(i, rows) for i in range(0, batch.num_rows, rows)]
 
 
 @dataclass
@@ -158,20 +150,14 @@ class FileSink(TwoPhaseCommitSink[dict, FileTransaction]):
     def write(self, txn: FileTransaction, batch: pa.RecordBatch) -> int:
         if batch.num_rows == 0:
             return 0
-        for part_rel, part in split_by_partition(batch, self.options.partition_by):
-            for piece in _slices(part, self.options.max_file_size // 4):
-                f = txn.open_files.get(part_rel)
-                if f is None:
-                    f = txn.open_files[part_rel] = self._open(txn, part_rel, piece.schema)
-                f.writer.write(piece)
-                if f.writer.bytes_written >= self.options.max_file_size:
-                    self._close(txn, txn.open_files.pop(part_rel))
+        write_rolling(txn.open_files, batch, self.options.partition_by, self.options.max_file_size,
+                      lambda rel, schema: self._open(txn, rel, schema), lambda f: self._close(txn, f))
         txn.records += batch.num_rows
         return batch.num_rows
 
     def _open(self, txn: FileTransaction, part_rel: str, schema: pa.Schema) -> _OpenFile:
         c = txn.context
-        name = f"part-{c.checkpoint_id:08d}-{int(c.task_id) if c.task_id.isdigit() else c.task_id:>05}-{c.attempt_uid}-{txn.seq:03d}.{EXTENSIONS[self.options.format]}"
+        name = part_file_name(c.checkpoint_id, c.task_id, c.attempt_uid, txn.seq, EXTENSIONS[self.options.format])
         txn.seq += 1
         final_rel = f"{part_rel}/{name}" if part_rel else name
         if self.guarantee is Guarantee.EXACTLY_ONCE:

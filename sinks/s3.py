@@ -38,7 +38,7 @@ from typing import Any, Collection, Mapping, Optional
 
 import pyarrow as pa
 
-from sinks._formats import EXTENSIONS, FORMATS, FormatWriter, open_format_writer, split_by_partition
+from sinks._formats import EXTENSIONS, FORMATS, FormatWriter, open_format_writer, part_file_name, write_rolling
 from twophase._logging import get_logger
 from twophase.errors import CommitFailedError, ConfigurationError, DataLossError, TransientSinkError
 from twophase.log import TransactionLog, open_store
@@ -277,8 +277,7 @@ def abort_lingering_uploads(client: Any, bucket: str, prefix: str, up_to_checkpo
 
 
 def object_name(context: TransactionContext, seq: int, ext: str) -> str:
-    task = int(context.task_id) if context.task_id.isdigit() else context.task_id
-    return f"part-{context.checkpoint_id:08d}-{task:>05}-{context.attempt_uid}-{seq:03d}.{ext}"
+    return part_file_name(context.checkpoint_id, context.task_id, context.attempt_uid, seq, ext)
 
 
 @dataclass
@@ -349,13 +348,8 @@ class S3Sink(TwoPhaseCommitSink[dict, S3Transaction]):
     def write(self, txn: S3Transaction, batch: pa.RecordBatch) -> int:
         if batch.num_rows == 0:
             return 0
-        for part_rel, part in split_by_partition(batch, self.options.partition_by):
-            f = txn.open_objects.get(part_rel)
-            if f is None:
-                f = txn.open_objects[part_rel] = self._open(txn, part_rel, part.schema)
-            f.writer.write(part)
-            if f.writer.bytes_written >= self.options.max_file_size:
-                self._close(txn, txn.open_objects.pop(part_rel))
+        write_rolling(txn.open_objects, batch, self.options.partition_by, self.options.max_file_size,
+                      lambda rel, schema: self._open(txn, rel, schema), lambda f: self._close(txn, f))
         txn.records += batch.num_rows
         return batch.num_rows
 
