@@ -10,6 +10,7 @@ import base64
 import datetime as _dt
 import decimal
 import json
+from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Callable, MutableMapping, Optional
 
 import pyarrow as pa
@@ -156,6 +157,24 @@ def part_file_name(checkpoint_id: int, task_id: str, attempt_uid: str, seq: int,
     """``part-<checkpoint>-<task>-<attempt>-<seq>.<ext>``: unique per attempt, sorted by checkpoint."""
     task = int(task_id) if task_id.isdigit() else task_id
     return f"part-{checkpoint_id:08d}-{task:>05}-{attempt_uid}-{seq:03d}.{ext}"
+
+
+@dataclass(kw_only=True)
+class FileLikeTransaction:
+    """In-task state shared by file-like sinks: open files per partition directory, finished ones."""
+
+    context: Any  # twophase.sink.TransactionContext
+    open_files: dict[str, Any] = field(default_factory=dict)
+    closed: list[dict[str, Any]] = field(default_factory=list)
+    seq: int = 0
+    records: int = 0
+
+    def next_name(self, ext: str) -> str:
+        """The next :func:`part_file_name` of this transaction."""
+        c = self.context
+        name = part_file_name(c.checkpoint_id, c.task_id, c.attempt_uid, self.seq, ext)
+        self.seq += 1
+        return name
 
 
 def slices(batch: pa.RecordBatch, max_bytes: int) -> list[pa.RecordBatch]:

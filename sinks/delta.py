@@ -43,13 +43,13 @@ from typing import Any, Collection, Iterator, Mapping, Optional, Sequence
 
 import pyarrow as pa
 
-from sinks._formats import ParquetFormatWriter, write_rolling
+from sinks._formats import FileLikeTransaction, ParquetFormatWriter, write_rolling
 from sinks.s3 import (MultipartStream, S3_CLIENT_OPTIONS, abort_lingering_uploads, check_bucket, check_partition_columns,
-                      complete_upload, multipart_etag, object_name, s3_config_from, OBJECT_NAME)
+                      complete_upload, multipart_etag, s3_config_from, OBJECT_NAME)
 from twophase import faults
 from twophase._logging import get_logger
 from twophase.errors import ConfigurationError, MissingDependencyError, TransientSinkError, TwoPhaseError
-from twophase.log import LocalLogStore, TransactionLog, _fsync_dir, open_store
+from twophase.log import TransactionLog, _fsync_dir, open_store
 from twophase.log_s3 import S3Config, S3LogStore, error_code, parse_s3_url
 from twophase.options import Option, parse_bool, parse_choice, parse_list, parse_options, parse_size
 from twophase.sink import Guarantee, TransactionContext, TwoPhaseCommitSink
@@ -294,16 +294,11 @@ class _OpenFile:
     stats: _Stats
 
 
-@dataclass
-class DeltaTransaction:
+@dataclass(kw_only=True)
+class DeltaTransaction(FileLikeTransaction):
     """In-task state: open data files per partition directory and the finished ones (future Add actions)."""
 
-    context: TransactionContext
     pool: ThreadPoolExecutor
-    open_files: dict[str, _OpenFile] = field(default_factory=dict)
-    closed: list[dict[str, Any]] = field(default_factory=list)
-    seq: int = 0
-    records: int = 0
 
 
 class DeltaSink(TwoPhaseCommitSink[dict, DeltaTransaction]):
@@ -408,7 +403,7 @@ class DeltaSink(TwoPhaseCommitSink[dict, DeltaTransaction]):
     # ---- executor side
 
     def begin_transaction(self, context: TransactionContext) -> DeltaTransaction:
-        return DeltaTransaction(context, ThreadPoolExecutor(2, thread_name_prefix="twophase-delta-part"))
+        return DeltaTransaction(context=context, pool=ThreadPoolExecutor(2, thread_name_prefix="twophase-delta-part"))
 
     def write(self, txn: DeltaTransaction, batch: pa.RecordBatch) -> int:
         if batch.num_rows == 0:
@@ -420,8 +415,7 @@ class DeltaSink(TwoPhaseCommitSink[dict, DeltaTransaction]):
         return batch.num_rows
 
     def _open(self, txn: DeltaTransaction, part_rel: str, schema: pa.Schema) -> _OpenFile:
-        name = object_name(txn.context, txn.seq, "parquet")
-        txn.seq += 1
+        name = txn.next_name("parquet")
         rel = f"{part_rel}/{name}" if part_rel else name
         stream = self.files.open(rel, txn.pool)
         compression = "none" if self.options.compression == "none" else self.options.compression
@@ -458,7 +452,7 @@ class DeltaSink(TwoPhaseCommitSink[dict, DeltaTransaction]):
     def commit_checkpoint(self, checkpoint_id: int, handles: Sequence[Mapping[str, Any]], *,
                           recovering: bool = False) -> None:
         """ONE Delta commit for the whole checkpoint, skipped if the table already has it (invariants 1, 2)."""
-        dl = _deltalake()
+        _deltalake()  # a clear MissingDependencyError if deltalake is missing
         from deltalake.transaction import AddAction, CommitProperties, Transaction
         files = [f for h in handles for f in h.get("files", ())]
         dt = self._table()

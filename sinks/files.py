@@ -26,12 +26,13 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Collection, Mapping, Optional
 
 import pyarrow as pa
 
-from sinks._formats import EXTENSIONS, FORMATS, FormatWriter, open_format_writer, part_file_name, write_rolling
+from sinks._formats import (EXTENSIONS, FORMATS, FileLikeTransaction, FormatWriter, open_format_writer,
+                            write_rolling)
 from twophase._logging import get_logger
 from twophase.errors import ConfigurationError, DataLossError, TwoPhaseError
 from twophase.log import TransactionLog, _fsync_dir
@@ -93,16 +94,11 @@ class _OpenFile:
     writer: FormatWriter
 
 
-@dataclass
-class FileTransaction:
-    """In-task state of one file transaction: the open writers per partition directory."""
+@dataclass(kw_only=True)
+class FileTransaction(FileLikeTransaction):
+    """In-task state of one file transaction: its staging folder and open writers per partition."""
 
-    context: TransactionContext
     attempt_rel: str
-    open_files: dict[str, _OpenFile] = field(default_factory=dict)
-    closed: list[dict[str, Any]] = field(default_factory=list)
-    seq: int = 0
-    records: int = 0
 
 
 class FileSink(TwoPhaseCommitSink[dict, FileTransaction]):
@@ -145,7 +141,7 @@ class FileSink(TwoPhaseCommitSink[dict, FileTransaction]):
             rel = f"{INTERNAL_DIR}/staging/{context.checkpoint_id:020d}/{context.task_id}-{context.attempt_uid}"
         else:
             rel = ""
-        return FileTransaction(context, rel)
+        return FileTransaction(context=context, attempt_rel=rel)
 
     def write(self, txn: FileTransaction, batch: pa.RecordBatch) -> int:
         if batch.num_rows == 0:
@@ -156,9 +152,7 @@ class FileSink(TwoPhaseCommitSink[dict, FileTransaction]):
         return batch.num_rows
 
     def _open(self, txn: FileTransaction, part_rel: str, schema: pa.Schema) -> _OpenFile:
-        c = txn.context
-        name = part_file_name(c.checkpoint_id, c.task_id, c.attempt_uid, txn.seq, EXTENSIONS[self.options.format])
-        txn.seq += 1
+        name = txn.next_name(EXTENSIONS[self.options.format])
         final_rel = f"{part_rel}/{name}" if part_rel else name
         if self.guarantee is Guarantee.EXACTLY_ONCE:
             staged_rel = f"{txn.attempt_rel}/{final_rel}"

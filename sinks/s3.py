@@ -38,7 +38,8 @@ from typing import Any, Collection, Mapping, Optional
 
 import pyarrow as pa
 
-from sinks._formats import EXTENSIONS, FORMATS, FormatWriter, open_format_writer, part_file_name, write_rolling
+from sinks._formats import (EXTENSIONS, FORMATS, FileLikeTransaction, FormatWriter, open_format_writer,
+                            part_file_name, write_rolling)
 from twophase._logging import get_logger
 from twophase.errors import CommitFailedError, ConfigurationError, DataLossError, TransientSinkError
 from twophase.log import TransactionLog, open_store
@@ -287,16 +288,11 @@ class _OpenObject:
     writer: FormatWriter
 
 
-@dataclass
-class S3Transaction:
-    """In-task state: the open uploads per partition directory and the finished ones."""
+@dataclass(kw_only=True)
+class S3Transaction(FileLikeTransaction):
+    """In-task state: the open uploads per partition directory, the finished ones, the part uploaders."""
 
-    context: TransactionContext
     pool: ThreadPoolExecutor
-    open_objects: dict[str, _OpenObject] = field(default_factory=dict)
-    closed: list[dict[str, Any]] = field(default_factory=list)
-    seq: int = 0
-    records: int = 0
 
 
 class S3Sink(TwoPhaseCommitSink[dict, S3Transaction]):
@@ -343,19 +339,18 @@ class S3Sink(TwoPhaseCommitSink[dict, S3Transaction]):
     # ---- executor side
 
     def begin_transaction(self, context: TransactionContext) -> S3Transaction:
-        return S3Transaction(context, ThreadPoolExecutor(2, thread_name_prefix="twophase-s3-part"))
+        return S3Transaction(context=context, pool=ThreadPoolExecutor(2, thread_name_prefix="twophase-s3-part"))
 
     def write(self, txn: S3Transaction, batch: pa.RecordBatch) -> int:
         if batch.num_rows == 0:
             return 0
-        write_rolling(txn.open_objects, batch, self.options.partition_by, self.options.max_file_size,
+        write_rolling(txn.open_files, batch, self.options.partition_by, self.options.max_file_size,
                       lambda rel, schema: self._open(txn, rel, schema), lambda f: self._close(txn, f))
         txn.records += batch.num_rows
         return batch.num_rows
 
     def _open(self, txn: S3Transaction, part_rel: str, schema: pa.Schema) -> _OpenObject:
-        name = object_name(txn.context, txn.seq, EXTENSIONS[self.options.format])
-        txn.seq += 1
+        name = txn.next_name(EXTENSIONS[self.options.format])
         key = self._key(f"{part_rel}/{name}" if part_rel else name)
         stream = MultipartStream(self.client, self.options.bucket, key, self.options.part_size, txn.pool)
         writer = open_format_writer(self.options.format, stream, schema, compression=self.options.compression)
@@ -370,8 +365,8 @@ class S3Sink(TwoPhaseCommitSink[dict, S3Transaction]):
 
     def pre_commit(self, txn: S3Transaction) -> dict:
         try:
-            for key in list(txn.open_objects):
-                self._close(txn, txn.open_objects.pop(key))
+            for key in list(txn.open_files):
+                self._close(txn, txn.open_files.pop(key))
         finally:
             txn.pool.shutdown(wait=True)
         if self.guarantee is Guarantee.AT_LEAST_ONCE:  # task-level commit: visible now, duplicates on replay
@@ -382,7 +377,7 @@ class S3Sink(TwoPhaseCommitSink[dict, S3Transaction]):
                 "uploads": list(txn.closed), "records": txn.records, "guarantee": self.guarantee.value}
 
     def abort_open(self, txn: S3Transaction) -> None:
-        for f in txn.open_objects.values():
+        for f in txn.open_files.values():
             with contextlib.suppress(Exception):
                 f.stream.abort()
         for u in txn.closed:

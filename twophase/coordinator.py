@@ -36,7 +36,7 @@ from twophase import faults
 from twophase._logging import get_logger
 from twophase.checkpoint import (CheckpointProperties, CompletedCheckpoint, Handle, PendingCheckpoint,
                                  TaskAcknowledgeResult)
-from twophase.errors import CheckpointDeclinedError, CheckpointExpiredError, ConfigurationError
+from twophase.errors import CheckpointDeclinedError, ConfigurationError
 from twophase.log import CheckpointRecord, TransactionLog
 from twophase.sink import Ack, TwoPhaseCommitSink
 from twophase.states import CheckpointState

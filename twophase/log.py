@@ -53,6 +53,34 @@ _MAGIC = "twophase-log"
 # --------------------------------------------------------------------------- stores
 
 
+class ReentrantFileLock:
+    """An exclusive ``flock`` on ``path`` that serialises processes on this machine and is re-entrant
+    within a thread (the coordinator nests decisions). Not shared across processes by pickling."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._thread_lock = threading.RLock()
+        self._depth = 0
+        self._fd = -1
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        with self._thread_lock:
+            if self._depth == 0:
+                os.makedirs(os.path.dirname(self.path), exist_ok=True)
+                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+                fcntl.flock(self._fd, fcntl.LOCK_EX)
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+                if self._depth == 0:
+                    fcntl.flock(self._fd, fcntl.LOCK_UN)
+                    os.close(self._fd)
+                    self._fd = -1
+
+
 class LogStore(abc.ABC):
     """Where log objects live. Names are relative, ``/``-separated. Implementations must make
     :meth:`put` atomic (readers see the old or the new bytes) and :meth:`put_if_absent` exclusive."""
@@ -93,9 +121,7 @@ class LocalLogStore(LogStore):
 
     def __init__(self, root: str) -> None:
         self.root = os.path.abspath(os.path.expanduser(root))
-        self._thread_lock = threading.RLock()
-        self._depth = 0
-        self._fd = -1
+        self._lock = ReentrantFileLock(os.path.join(self.root, ".lock"))
         try:
             os.makedirs(os.path.join(self.root, "checkpoints"), exist_ok=True)
         except OSError as e:
@@ -182,19 +208,8 @@ class LocalLogStore(LogStore):
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
         """An exclusive flock on ``.lock``; re-entrant within a thread (the coordinator nests it)."""
-        with self._thread_lock:
-            if self._depth == 0:
-                self._fd = os.open(os.path.join(self.root, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
-                fcntl.flock(self._fd, fcntl.LOCK_EX)
-            self._depth += 1
-            try:
-                yield
-            finally:
-                self._depth -= 1
-                if self._depth == 0:
-                    fcntl.flock(self._fd, fcntl.LOCK_UN)
-                    os.close(self._fd)
-                    self._fd = -1
+        with self._lock.hold():
+            yield
 
     def clean_temporaries(self, older_than_s: float = 60.0) -> int:
         """Remove temp files left by a writer that died mid-write (they never count as records)."""

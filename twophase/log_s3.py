@@ -19,17 +19,15 @@ Invariants of the store (``test_s3_log_invN_*``):
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import os
 import tempfile
-import threading
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
 from twophase._logging import get_logger
 from twophase.errors import ConfigurationError, MissingDependencyError, TransientSinkError
-from twophase.log import LogStore, register_store
+from twophase.log import LogStore, ReentrantFileLock, register_store
 
 _log = get_logger(__name__)
 
@@ -125,9 +123,8 @@ class S3LogStore(LogStore):
         self.bucket, self.prefix = parse_s3_url(location, option="log.location")
         self.config = config or S3Config()
         self._client: Any = None
-        self._thread_lock = threading.RLock()
-        self._depth = 0
-        self._fd = -1
+        digest = hashlib.sha256(self.location.encode()).hexdigest()[:24]
+        self._lock = ReentrantFileLock(os.path.join(tempfile.gettempdir(), "twophase-locks", f"s3-{digest}.lock"))
 
     @property
     def location(self) -> str:
@@ -201,22 +198,8 @@ class S3LogStore(LogStore):
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
         """Invariant 3: an flock keyed by this location, re-entrant within a thread."""
-        with self._thread_lock:
-            if self._depth == 0:
-                digest = hashlib.sha256(self.location.encode()).hexdigest()[:24]
-                folder = os.path.join(tempfile.gettempdir(), "twophase-locks")
-                os.makedirs(folder, exist_ok=True)
-                self._fd = os.open(os.path.join(folder, f"s3-{digest}.lock"), os.O_RDWR | os.O_CREAT, 0o666)
-                fcntl.flock(self._fd, fcntl.LOCK_EX)
-            self._depth += 1
-            try:
-                yield
-            finally:
-                self._depth -= 1
-                if self._depth == 0:
-                    fcntl.flock(self._fd, fcntl.LOCK_UN)
-                    os.close(self._fd)
-                    self._fd = -1
+        with self._lock.hold():
+            yield
 
 
 def _factory(location: str) -> S3LogStore:

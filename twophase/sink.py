@@ -40,7 +40,7 @@ from typing import Any, Collection, Generic, Iterable, Mapping, Optional, Sequen
 
 from twophase import faults
 from twophase._logging import get_logger
-from twophase.checkpoint import Handle
+
 from twophase.errors import ConfigurationError
 from twophase.states import TransactionState, check_transition
 
