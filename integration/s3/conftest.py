@@ -5,13 +5,9 @@ from __future__ import annotations
 import os
 import sys
 
-import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from _support import S3Server, s3_server_fixture  # noqa: E402
+import _support  # noqa: E402,F401  (test modules import from it)
 
-
-@pytest.fixture(scope="session")
-def s3_server() -> S3Server:
-    yield from s3_server_fixture()
+# s3_server comes from integration/conftest.py (one server for the session)

@@ -1,0 +1,22 @@
+"""Fixtures shared by every integration test directory.
+
+``s3_server``: one real S3 server for the whole session (radosgw by default, installed and started by
+``scripts/s3_server.sh``; moto with ``TWOPHASE_S3_SERVER=moto``; an external one with
+``TWOPHASE_S3_ENDPOINT``), shared by the S3 and Delta tests so it starts once.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "s3"))
+
+from _support import S3Server, s3_server_fixture  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> S3Server:
+    yield from s3_server_fixture()
