@@ -226,6 +226,10 @@ def _as_bytes(values: list[Any]) -> list[Optional[bytes]]:
 class KafkaSink(TwoPhaseCommitSink[dict, KafkaTransaction]):
     """Exactly-once (Kafka transactions, driver commit) or at-least-once (idempotent producer) Kafka writes."""
 
+    #: a losing attempt's open transaction holds back read_committed consumers: fence it right after
+    #: the commit, not only at the next micro-batch's recovery
+    sweep_after_commit = True
+
     def __init__(self, options: KafkaSinkOptions) -> None:
         self.options = options
         self.sink_id = options.sink_id

@@ -116,6 +116,10 @@ class TwoPhaseCommitSink(abc.ABC, Generic[H, T]):
     sink_id: str
     #: commit handles of one checkpoint with this many threads (I/O bound sinks set > 1)
     commit_parallelism: int = 1
+    #: True if lingering transactions hurt readers until they are aborted (Kafka: an open transaction
+    #: holds back read_committed consumers), so the Spark adapter aborts them right after each commit
+    #: too, not only at the recovery before the next micro-batch (which may never come).
+    sweep_after_commit: bool = False
 
     # ---- executor side
 

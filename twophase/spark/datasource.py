@@ -92,8 +92,9 @@ class TwoPhaseStreamWriter(DataSourceStreamArrowWriter):
         if getattr(self.sink, "guarantee", None) is Guarantee.AT_LEAST_ONCE:
             return
         acks = _acks(messages)
-        # no sweep here: prepare_sink() recovers, and sweeps, before every micro-batch
-        CheckpointCoordinator(self.sink, sweep_after_commit=False).complete_batch(
+        # prepare_sink() recovers, and sweeps, before every micro-batch; sweep here too only where
+        # leftovers hurt readers until aborted (sink.sweep_after_commit)
+        CheckpointCoordinator(self.sink, sweep_after_commit=self.sink.sweep_after_commit).complete_batch(
             batchId, acks, expected_tasks=[str(i) for i in range(len(messages))])
 
     def abort(self, messages: List[Optional[WriterCommitMessage]], batchId: int) -> None:

@@ -43,7 +43,7 @@ def foreach_batch(sink: TwoPhaseCommitSink[Any, Any], *, owner: str | None = Non
         for r in rows:
             a = json.loads(r["ack"])
             acks.append(Ack(a["checkpoint_id"], a["task_id"], a["attempt_uid"], a["handle"], a.get("records", 0)))
-        CheckpointCoordinator(sink, sweep_after_commit=False).complete_batch(  # prepare_sink() swept
+        CheckpointCoordinator(sink, sweep_after_commit=sink.sweep_after_commit).complete_batch(
             batch_id, acks, expected_tasks=[str(i) for i in range(num_partitions)])
 
     return write_batch

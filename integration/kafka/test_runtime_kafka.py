@@ -1,7 +1,5 @@
-"""The runtime with the Kafka sink: randomized task failure, output exactly once for read_committed readers.
-
-Needs a Kafka broker, which the fast tests never start: it runs only with TWOPHASE_RUNTIME_KAFKA=1
-(the broker comes from integration.kafka.broker: KAFKA_BOOTSTRAP_SERVERS, Docker or noida-db).
+"""The embedded runtime with the Kafka sink: randomized task failure, output exactly once for read_committed
+readers. Uses the session's broker (integration/kafka/conftest.py: KAFKA_BOOTSTRAP_SERVERS, Docker or noida-db).
 """
 
 from __future__ import annotations
@@ -9,30 +7,24 @@ from __future__ import annotations
 import json
 import os
 import random
+import sys
 
 import pytest
 
-from rt_helpers import runner, two_source_job
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                "tests", "runtime"))
 
-try:
-    from sinks.kafka import KafkaSink
-except ImportError as e:  # pragma: no cover - depends on the Kafka engineer's module
-    pytest.skip(f"sinks/kafka.py is not importable ({e}); the runtime Kafka test needs it", allow_module_level=True)
-
-if os.environ.get("TWOPHASE_RUNTIME_KAFKA") != "1":
-    pytest.skip("needs a Kafka broker: run with TWOPHASE_RUNTIME_KAFKA=1 (broker from KAFKA_BOOTSTRAP_SERVERS, "
-                "Docker or noida-db via integration.kafka.broker)", allow_module_level=True)
-
-from integration.kafka.broker import create_topic, kafka_broker, read_topic, unique  # noqa: E402
+from rt_helpers import runner, two_source_job  # noqa: E402
+from integration.kafka.broker import create_topic, read_topic, unique  # noqa: E402
+from sinks.kafka import KafkaSink  # noqa: E402
 from twophase.runtime import FixedDelayRestart  # noqa: E402
 
 pytestmark = pytest.mark.kafka
 
 
-@pytest.fixture(scope="module")
-def bootstrap():
-    with kafka_broker() as b:
-        yield b
+@pytest.fixture
+def bootstrap(kafka_bootstrap):
+    return kafka_bootstrap
 
 
 def test_job_random_task_failure_kafka_sink_exactly_once(tmp_path, bootstrap):
