@@ -69,8 +69,28 @@ def test_s3_log_store_is_registered_for_s3_locations() -> None:
     assert parse_s3_url("s3a://b/p/") == ("b", "p")
 
 
-def test_s3_log_inv3_lock_is_reentrant() -> None:
+def test_s3_log_inv3_lock_is_reentrant_and_exclusive() -> None:
+    import threading
     store = S3LogStore("s3://b/lock-test")
-    with store.lock():
+    other = S3LogStore("s3://b/lock-test")  # same location: same lock file, another open file description
+    nested_done = threading.Event()
+
+    def nested() -> None:
         with store.lock():
-            pass
+            with store.lock():
+                nested_done.set()
+
+    t = threading.Thread(target=nested, daemon=True)
+    t.start()
+    t.join(5)
+    assert nested_done.is_set(), "a nested lock() of the same store deadlocked"
+    acquired = threading.Event()
+
+    def grab() -> None:
+        with other.lock():
+            acquired.set()
+
+    with store.lock():
+        threading.Thread(target=grab, daemon=True).start()
+        assert not acquired.wait(0.3), "another store of the same location took the lock while it was held"
+    assert acquired.wait(5), "the lock was not handed over after release"
