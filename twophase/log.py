@@ -378,11 +378,13 @@ class TransactionLog:
 
     def claim(self, owner: str) -> None:
         """Bind this sink id to ``owner`` (e.g. a query's checkpoint location) or refuse a second owner."""
-        body = {"sink_id": self.sink_id, "owner": owner, "host": socket.gethostname(), "claimed_at": time.time()}
-        if self.store.put_if_absent("owner.json", encode_record(body)):
-            _log.info("log_claimed", sink_id=self.sink_id, owner=owner, location=self.location)
-            return
-        current = self.owner()
+        current = self.owner()  # the common case (every micro-batch re-claims): one read, no write
+        if current is None:
+            body = {"sink_id": self.sink_id, "owner": owner, "host": socket.gethostname(), "claimed_at": time.time()}
+            if self.store.put_if_absent("owner.json", encode_record(body)):
+                _log.info("log_claimed", sink_id=self.sink_id, owner=owner, location=self.location)
+                return
+            current = self.owner()
         if current is None or current.get("owner") != owner or current.get("sink_id") != self.sink_id:
             raise ConcurrentWriterError(
                 f"sink id {self.sink_id!r} (log {self.location}) is owned by "
