@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from collections import Counter
 from dataclasses import dataclass
@@ -85,19 +84,6 @@ def run_file_job(input_dir: str, out: str, checkpoint: str, *, fault: Optional[s
                  marker: Optional[str] = None, timeout: float = 300, extra: tuple[str, ...] = (),
                  log_path: Optional[str] = None) -> int:
     """Run the job in its own session (so a fault's SIGKILL takes only the job); returns its exit code."""
-    env = dict(os.environ)
-    env.pop("TWOPHASE_FAULT", None)
-    env["PYSPARK_PYTHON"] = sys.executable
-    if fault:
-        env["TWOPHASE_FAULT"] = fault
-        if marker:
-            env["TWOPHASE_FAULT_MARKER"] = marker
+    from integration.jobrun import job_env, run_in_own_session
     cmd = [sys.executable, FILE_JOB, "--input", input_dir, "--out", out, "--checkpoint", checkpoint, *extra]
-    with open(log_path or os.devnull, "ab") as logf:
-        p = subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            return p.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, 9)
-            p.wait()
-            raise
+    return run_in_own_session(cmd, env=job_env(fault, marker), timeout=timeout, log_path=log_path).returncode

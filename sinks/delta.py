@@ -49,8 +49,8 @@ from sinks.s3 import (MultipartStream, S3_CLIENT_OPTIONS, abort_lingering_upload
 from twophase import faults
 from twophase._logging import get_logger
 from twophase.errors import ConfigurationError, MissingDependencyError, TransientSinkError, TwoPhaseError
-from twophase.log import TransactionLog, _fsync_dir, open_store
-from twophase.log_s3 import S3Config, S3LogStore, error_code, parse_s3_url
+from twophase.log import TransactionLog, _fsync_dir
+from twophase.log_s3 import S3Config, error_code, open_log_store, parse_s3_url
 from twophase.options import Option, parse_bool, parse_choice, parse_list, parse_options, parse_size
 from twophase.sink import Guarantee, TransactionContext, TwoPhaseCommitSink
 
@@ -394,11 +394,7 @@ class DeltaSink(TwoPhaseCommitSink[dict, DeltaTransaction]):
 
     def transaction_log(self) -> TransactionLog:
         loc = self.options.log_location or f"{self.uri}/{INTERNAL_DIR}/log"
-        if loc.split("://")[0].lower() in ("s3", "s3a") and "://" in loc:
-            store: Any = S3LogStore(loc, self.options.s3)
-        else:
-            store = open_store(loc)
-        return TransactionLog(store, self.sink_id, retain=self.options.log_retain)
+        return TransactionLog(open_log_store(loc, self.options.s3), self.sink_id, retain=self.options.log_retain)
 
     # ---- executor side
 

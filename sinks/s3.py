@@ -42,8 +42,8 @@ from sinks._formats import (EXTENSIONS, FORMATS, FileLikeTransaction, FormatWrit
                             part_file_name, write_rolling)
 from twophase._logging import get_logger
 from twophase.errors import CommitFailedError, ConfigurationError, DataLossError, TransientSinkError
-from twophase.log import TransactionLog, open_store
-from twophase.log_s3 import S3Config, S3LogStore, error_code, http_status, parse_s3_url
+from twophase.log import TransactionLog
+from twophase.log_s3 import S3Config, error_code, http_status, open_log_store, parse_s3_url
 from twophase.options import Option, parse_choice, parse_list, parse_options, parse_size
 from twophase.sink import Guarantee, TransactionContext, TwoPhaseCommitSink
 
@@ -333,8 +333,7 @@ class S3Sink(TwoPhaseCommitSink[dict, S3Transaction]):
 
     def transaction_log(self) -> TransactionLog:
         loc = self.options.log_location or f"{self.options.url}/{INTERNAL_DIR}/log"
-        store = S3LogStore(loc, self.options.s3) if loc.split("://")[0].lower() in ("s3", "s3a") else open_store(loc)
-        return TransactionLog(store, self.sink_id, retain=self.options.log_retain)
+        return TransactionLog(open_log_store(loc, self.options.s3), self.sink_id, retain=self.options.log_retain)
 
     # ---- executor side
 

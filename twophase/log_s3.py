@@ -27,7 +27,7 @@ from typing import Any, Iterator, Optional
 
 from twophase._logging import get_logger
 from twophase.errors import ConfigurationError, MissingDependencyError, TransientSinkError
-from twophase.log import LogStore, ReentrantFileLock, register_store
+from twophase.log import LogStore, ReentrantFileLock, open_store, register_store
 
 _log = get_logger(__name__)
 
@@ -200,6 +200,14 @@ class S3LogStore(LogStore):
         """Invariant 3: an flock keyed by this location, re-entrant within a thread."""
         with self._lock.hold():
             yield
+
+
+def open_log_store(location: str, config: Optional[S3Config] = None) -> LogStore:
+    """The log store for ``location``: on S3 (``s3://``, ``s3a://``) with ``config``'s endpoint and
+    credentials, anywhere else through :func:`twophase.log.open_store`."""
+    if "://" in location and location.split("://", 1)[0].lower() in ("s3", "s3a"):
+        return S3LogStore(location, config)
+    return open_store(location)
 
 
 def _factory(location: str) -> S3LogStore:

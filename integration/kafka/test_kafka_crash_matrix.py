@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import collections
 import os
-import subprocess
 import sys
 
 import pytest
+
+from integration.jobrun import job_env, run_in_own_session
 
 from integration.kafka.broker import create_topic, produce, read_topic, unique
 from sinks.kafka import KafkaSink
@@ -29,21 +30,8 @@ JOB = os.path.join(os.path.dirname(__file__), "kafka_job.py")
 def run_job(args: list[str], *, fault: str | None = None, marker: str | None = None, log_path: str,
             timeout: float = 300) -> int:
     """Run the job in its own session (a fault's SIGKILL takes only the job); returns its exit code."""
-    env = dict(os.environ)
-    env.pop("TWOPHASE_FAULT", None)
-    env["PYSPARK_PYTHON"] = sys.executable
-    if fault:
-        env["TWOPHASE_FAULT"] = fault
-        env["TWOPHASE_FAULT_MARKER"] = marker or os.devnull
-    with open(log_path, "ab") as logf:
-        p = subprocess.Popen([sys.executable, JOB, *args], env=env, stdout=logf, stderr=subprocess.STDOUT,
-                             start_new_session=True)
-        try:
-            return p.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, 9)
-            p.wait()
-            raise
+    return run_in_own_session([sys.executable, JOB, *args], env=job_env(fault, marker), timeout=timeout,
+                              log_path=log_path).returncode
 
 
 @pytest.mark.parametrize("point", POINTS)

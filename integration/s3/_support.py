@@ -21,6 +21,9 @@ from typing import Any, Iterator, Optional
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from integration.jobrun import job_env, run_in_own_session  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
 JOB = Path(__file__).with_name("job.py")
 SCRIPT = ROOT / "scripts" / "s3_server.sh"
@@ -101,23 +104,13 @@ class JobResult:
 def run_job(fmt: str, input_dir: Path, checkpoint: Path, options: dict[str, str], *, fault: Optional[str] = None,
             marker: Optional[Path] = None, timeout: float = 300) -> JobResult:
     """Run :mod:`job` in its own session (so a fault's SIGKILL takes exactly this job down)."""
-    env = dict(os.environ)
+    env = job_env(fault, str(marker) if marker else None)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env["PYSPARK_PYTHON"] = PYTHON
-    env.pop("TWOPHASE_FAULT", None)
-    env.pop("TWOPHASE_FAULT_MARKER", None)
-    if fault:
-        env["TWOPHASE_FAULT"] = fault
-        env["TWOPHASE_FAULT_MARKER"] = str(marker)
     started = time.monotonic()
-    proc = subprocess.Popen([PYTHON, str(JOB), fmt, str(input_dir), str(checkpoint), json.dumps(options)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)
-        out, err = proc.communicate()
-    return JobResult(proc.returncode, out, err, time.monotonic() - started)
+    run = run_in_own_session([PYTHON, str(JOB), fmt, str(input_dir), str(checkpoint), json.dumps(options)],
+                             env=env, timeout=timeout, capture=True)
+    return JobResult(run.returncode, run.stdout, run.stderr, time.monotonic() - started)
 
 
 def assert_crashed(result: JobResult, marker: Path, point: str) -> None:
