@@ -293,5 +293,98 @@ class KafkaSource:
         self.offsets.close()
 
 
+# --------------------------------------------------------------------------- the embedded runtime
+
+
+class _KafkaPartitionReader:
+    """A runtime split reader of one topic-partition; its position is the next offset to read.
+
+    read_committed by default, so aborted records and control records are skipped and reading stops at
+    the last stable offset: a replay from a recorded position yields the same records (source invariant 1).
+    """
+
+    def __init__(self, options: KafkaSourceOptions, topic: str, partition: int, start: int,
+                 end: Optional[int]) -> None:
+        from kafka import TopicPartition
+        self.tp = TopicPartition(topic, partition)
+        self.end = end
+        self.consumer = _consumer(self.options_config(options))
+        self.consumer.assign([self.tp])
+        earliest = self.consumer.beginning_offsets([self.tp])[self.tp]
+        if earliest > start:
+            raise DataLossError(f"{SOURCE}: records {topic}-{partition} [{start}, {earliest}) were deleted "
+                                "(retention) before the job read them")
+        self.consumer.seek(self.tp, start)
+        self.pos = start
+
+    @staticmethod
+    def options_config(options: KafkaSourceOptions) -> dict[str, Any]:
+        cfg = options.connection_config()
+        cfg.setdefault("max_partition_fetch_bytes", 8 << 20)
+        return cfg
+
+    def read(self, max_records: int) -> Any:
+        from twophase.runtime.sources import ReadResult
+        if self.end is not None and self.pos >= self.end:
+            return ReadResult([], True)
+        records = self.consumer.poll(timeout_ms=100, max_records=max_records).get(self.tp, [])
+        out = []
+        for r in records:
+            if self.end is not None and r.offset >= self.end:
+                break
+            out.append({"key": r.key, "value": r.value, "topic": r.topic, "partition": r.partition,
+                        "offset": r.offset, "timestamp": r.timestamp, "headers": list(r.headers or [])})
+        if len(out) < len(records):  # reached the bounded end
+            self.pos = self.end
+        else:  # past the records returned, and past aborted data and control records the consumer skipped
+            self.pos = max(self.consumer.position(self.tp), out[-1]["offset"] + 1 if out else self.pos)
+        if self.end is not None:
+            self.pos = min(self.pos, self.end)
+        return ReadResult(out, self.end is not None and self.pos >= self.end)
+
+    def position(self) -> int:
+        return self.pos
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.consumer.close()
+
+
+def runtime_source(raw_options: Mapping[str, Any], *, bounded: bool = False) -> Any:
+    """The same Kafka source for :mod:`twophase.runtime`: one split per topic-partition (``topic-partition``),
+    the position is the next offset. ``bounded=True`` stops at the offsets available when the job first
+    asks for its splits (like Spark's availableNow); otherwise the splits never finish."""
+    from twophase.runtime.sources import Source
+
+    class KafkaRuntimeSource(Source):
+        def __init__(self) -> None:
+            self.options = KafkaSourceOptions.from_options(raw_options)
+            self.bounded = bounded
+            self._start: Optional[Offsets] = None
+            self._end: Optional[Offsets] = None
+
+        def _plan(self) -> None:
+            if self._start is None:
+                reader = KafkaOffsetReader(self.options)
+                try:
+                    self._start = reader.initial_offset()
+                    self._end = reader.available() if bounded else None
+                finally:
+                    reader.close()
+
+        def splits(self) -> list[str]:
+            self._plan()
+            return [f"{t}-{p}" for t, ps in sorted(self._start.items()) for p in sorted(ps, key=int)]
+
+        def open_reader(self, split_id: str, position: Optional[Any]) -> _KafkaPartitionReader:
+            self._plan()
+            topic, _, part = split_id.rpartition("-")
+            start = int(position) if position is not None else int(self._start[topic][part])
+            end = int(self._end[topic][part]) if self._end is not None else None
+            return _KafkaPartitionReader(self.options, topic, int(part), start, end)
+
+    return KafkaRuntimeSource()
+
+
 __all__ = ["KafkaSource", "KafkaSourceOptions", "KafkaOffsetReader", "KafkaSplitReader", "KafkaSplit",
-           "arrow_schema", "SPARK_SCHEMA_DDL", "HEADERS_DDL", "flatten"]
+           "arrow_schema", "SPARK_SCHEMA_DDL", "HEADERS_DDL", "flatten", "runtime_source"]

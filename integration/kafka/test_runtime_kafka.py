@@ -53,3 +53,70 @@ def test_job_random_task_failure_kafka_sink_exactly_once(tmp_path, bootstrap):
     assert fired["n"] == 1 and result.attempts == 2
     values = [json.loads(m.value)["id"] for m in read_topic(bootstrap, topic)]
     assert len(values) == len(set(values)) and set(values) == expected
+
+
+def _kafka_input(bootstrap: str) -> tuple[str, set]:
+    """A 2-partition topic: 3000 committed, 500 aborted (never to be read), 2000 more committed records."""
+    from integration.kafka.broker import produce
+    topic = create_topic(bootstrap, unique("rt-in"), partitions=2)
+    produce(bootstrap, topic, [str(i).encode() for i in range(3000)], transactional_id=unique("tx-in"))
+    produce(bootstrap, topic, [str(10**6 + i).encode() for i in range(500)], transactional_id=unique("tx-ab"),
+            commit=False)
+    produce(bootstrap, topic, [str(i).encode() for i in range(3000, 5000)])
+    return topic, set(range(5000))
+
+
+def test_source_inv1_kafka_split_replays_identically_from_a_position(bootstrap):
+    from sources.kafka import runtime_source
+    topic, _ = _kafka_input(bootstrap)
+    src = runtime_source({"kafka.bootstrap.servers": bootstrap, "subscribe": topic, "startingOffsets": "earliest"},
+                         bounded=True)
+    split = src.splits()[0]
+
+    def drain(position):
+        """Every value read from ``position`` on, and after each read (position, values read so far)."""
+        r = src.open_reader(split, position)
+        out, marks = [], []
+        try:
+            while True:
+                res = r.read(300)
+                out += [int(x["value"]) for x in res.records]
+                marks.append((r.position(), len(out)))
+                if res.finished:
+                    return out, marks
+        finally:
+            r.close()
+
+    first, marks = drain(None)
+    assert len(first) == 2500 and not any(v >= 10**6 for v in first), "aborted records must never be read"
+    assert [p for p, _ in marks] == sorted(p for p, _ in marks), "positions only move forward"
+    position, consumed = next((p, n) for p, n in marks if 0 < n < len(first))
+    replay, _ = drain(position)
+    assert replay == first[consumed:], "a replay from a recorded position differs from the first read"
+
+
+def test_runtime_kafka_source_to_file_sink_exactly_once_after_a_failure(tmp_path, bootstrap):
+    from rt_helpers import read_ids
+    from sinks.files import FileSink
+    from sources.kafka import runtime_source
+    from twophase.runtime import JobGraph
+    topic, expected = _kafka_input(bootstrap)
+    seen = {"n": 0, "failed": False}
+
+    def parse(r):
+        seen["n"] += 1
+        if not seen["failed"] and seen["n"] == 1700:
+            seen["failed"] = True
+            raise RuntimeError("injected failure")
+        return {"id": int(r["value"]), "partition": r["partition"], "offset": r["offset"]}
+
+    g = JobGraph("kafka-to-files")
+    s = g.source(runtime_source({"kafka.bootstrap.servers": bootstrap, "subscribe": topic,
+                                 "startingOffsets": "earliest"}, bounded=True), uid="kafka")
+    out = str(tmp_path / "out")
+    s.map(parse, uid="parse").sink_to(FileSink.from_options({"path": out}), uid="files", parallelism=2)
+    result = runner(g, "aligned", interval=0.05, restart=FixedDelayRestart(3, 0.0), owner=str(tmp_path / "ck")).run()
+    assert seen["failed"] and result.attempts == 2
+    ids = read_ids(out)
+    assert len(ids) == len(set(ids)), "duplicates after the restart"
+    assert set(ids) == expected, "missing records, or aborted ones read"
