@@ -583,3 +583,12 @@ def test_coordinator_inv5_crash_at_each_point_then_recovery_is_exactly_once(poin
     assert txlog.highest_committed() == 2
     assert not [t for t in sink.txns.values() if t.state is TransactionState.PRE_COMMITTED]
     assert_exactly_once(sink)
+
+
+def test_coordinator_inv2_complete_batch_with_a_redelivered_ack_commits_it_once(coord, sink, txlog):
+    """The same ack twice in one batch's messages: counted once, committed once, never aborted."""
+    acks = prepare_all(sink, 1)
+    assert coord.complete_batch(1, [*acks, acks[0]], expected_tasks=[a.task_id for a in acks]) == "COMMITTED"
+    assert sink.committed == txn_ids(acks)
+    assert all(sink.state_of(a.handle) is TransactionState.COMMITTED for a in acks)
+    assert_exactly_once(sink)

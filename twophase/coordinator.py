@@ -327,7 +327,8 @@ class CheckpointCoordinator:
                 result = pending.acknowledge(a.task_id, a.handle)
                 if result is not TaskAcknowledgeResult.SUCCESS:
                     _log.warning("ack_rejected", checkpoint_id=checkpoint_id, task=a.task_id, result=result.value)
-                    self.sink.abort(a.handle)
+                    if not self._is_accepted(a, pending):  # a redelivered copy of an accepted ack is not aborted
+                        self.sink.abort(a.handle)
             if not pending.is_fully_acknowledged:
                 missing = sorted(pending.not_yet_acknowledged)
                 self.abort_checkpoint(checkpoint_id, f"tasks {missing} did not acknowledge")
