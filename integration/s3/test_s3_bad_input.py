@@ -7,22 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from _support import PYTHON, ROOT, S3Server, write_input
+from _support import ROOT, S3Server, write_input
 
 pytestmark = [pytest.mark.spark, pytest.mark.s3]
 
 
 @pytest.fixture(scope="module")
 def spark():
-    os.environ["PYSPARK_PYTHON"] = PYTHON
     os.environ["PYTHONPATH"] = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
-    from pyspark.sql import SparkSession
-
-    from twophase.spark import register
-    s = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
-         .config("spark.sql.shuffle.partitions", "2").getOrCreate())
-    s.sparkContext.setLogLevel("ERROR")
-    register(s)
+    from integration.spark_session import make_spark
+    s = make_spark(f"twophase-{__name__}")
     yield s
     s.stop()
 
