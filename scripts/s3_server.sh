@@ -8,12 +8,11 @@
 #
 # On success prints shell assignments (eval-able):
 #   TWOPHASE_S3_ENDPOINT=http://127.0.0.1:PORT AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test ...
-# Ports: TWOPHASE_RGW_PORT (17481), TWOPHASE_MON_PORT (16790), TWOPHASE_MOTO_PORT (17482).
+# Ports: free ones unless TWOPHASE_RGW_PORT / TWOPHASE_MON_PORT are set (moto: TWOPHASE_MOTO_PORT, 17482).
+# A failed start names the step that failed and stops whatever it had started.
 set -euo pipefail
 CMD=${1:-start}
 D=${2:-${TWOPHASE_S3_DIR:-/tmp/twophase-s3}}
-MONP=${TWOPHASE_MON_PORT:-16790}
-RGWP=${TWOPHASE_RGW_PORT:-17481}
 MOTOP=${TWOPHASE_MOTO_PORT:-17482}
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-$HERE/.venv/bin/python}
@@ -40,19 +39,27 @@ wait_http() {
   return 1
 }
 
+free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
+pid_alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
 start_rgw() {
   install_ceph
-  if curl -s -o /dev/null "http://127.0.0.1:$RGWP/" && [ -f "$D/run/client.rgw.x.pid" ]; then
+  if [ -f "$D/endpoint" ] && pid_alive "$D/run/client.rgw.x.pid" && curl -s -o /dev/null "$(cat "$D/endpoint")/"; then
     log "radosgw already running from $D"
-  else
-    stop_dir
-    rm -rf "$D"; mkdir -p "$D"/{run,log,mon-a,osd-0,rgw}
-    local FSID OU
-    FSID=$("$PY" -c 'import uuid;print(uuid.uuid4())'); OU=$("$PY" -c 'import uuid;print(uuid.uuid4())')
-    cat > "$D/ceph.conf" <<CONF
+    echo "TWOPHASE_S3_ENDPOINT=$(cat "$D/endpoint") AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test AWS_DEFAULT_REGION=us-east-1 TWOPHASE_S3_KIND=radosgw"
+    return
+  fi
+  stop_dir
+  rm -rf "$D"; mkdir -p "$D"/{run,log,mon-a,osd-0,rgw}
+  # free ports unless given: a leftover daemon of another run must never make this start fail
+  local MON=${TWOPHASE_MON_PORT:-$(free_port)} RGW=${TWOPHASE_RGW_PORT:-$(free_port)}
+  local FSID OU
+  FSID=$("$PY" -c 'import uuid;print(uuid.uuid4())'); OU=$("$PY" -c 'import uuid;print(uuid.uuid4())')
+  cat > "$D/ceph.conf" <<CONF
 [global]
 fsid = $FSID
-mon_host = [v1:127.0.0.1:$MONP]
+mon_host = [v1:127.0.0.1:$MON]
 auth_cluster_required = none
 auth_service_required = none
 auth_client_required = none
@@ -78,29 +85,33 @@ osd_objectstore = memstore
 memstore_device_bytes = 2147483648
 mon_warn_on_pool_no_redundancy = false
 [client.rgw.x]
-rgw_frontends = beast endpoint=127.0.0.1:$RGWP
+rgw_frontends = beast endpoint=127.0.0.1:$RGW
 rgw_data = $D/rgw
 CONF
-    local C="-c $D/ceph.conf"
-    (
-      cd "$D"
-      monmaptool --create --addv a "[v1:127.0.0.1:$MONP]" --fsid "$FSID" monmap >/dev/null
-      ceph-authtool --create-keyring mon.keyring --gen-key -n mon. --cap mon 'allow *' >/dev/null
-      ceph-mon $C --mkfs -i a --monmap monmap --keyring mon.keyring
-      ceph-mon $C -i a
-      ceph $C osd create "$OU" >/dev/null
-      ceph-osd $C -i 0 --mkfs --osd-uuid "$OU" 2>/dev/null
-      ceph $C osd crush add-bucket localhost host >/dev/null 2>&1
-      ceph $C osd crush move localhost root=default >/dev/null 2>&1
-      ceph $C osd crush add osd.0 1.0 host=localhost >/dev/null 2>&1
-      ceph-osd $C -i 0 2>/dev/null
-      radosgw $C -n client.rgw.x
-    ) >&2
-    wait_http "$RGWP" || { log "radosgw did not answer on port $RGWP; see $D/log"; exit 1; }
-    radosgw-admin $C -n client.rgw.x user create --uid=test --display-name=test \
-      --access-key=test --secret=test >/dev/null 2>&1
-  fi
-  echo "TWOPHASE_S3_ENDPOINT=http://127.0.0.1:$RGWP AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test AWS_DEFAULT_REGION=us-east-1 TWOPHASE_S3_KIND=radosgw"
+  local C="-c $D/ceph.conf" STEP=""
+  fail() {
+    log "start failed at: $STEP (mon port $MON, rgw port $RGW); daemons stopped; logs:"
+    tail -n 5 "$D"/log/*.log >&2 2>/dev/null || true
+    stop_dir
+    exit 1
+  }
+  cd "$D"
+  STEP="monmaptool";       monmaptool --create --addv a "[v1:127.0.0.1:$MON]" --fsid "$FSID" monmap >/dev/null || fail
+  STEP="mon keyring";      ceph-authtool --create-keyring mon.keyring --gen-key -n mon. --cap mon 'allow *' >/dev/null || fail
+  STEP="ceph-mon --mkfs";  ceph-mon $C --mkfs -i a --monmap monmap --keyring mon.keyring >&2 || fail
+  STEP="ceph-mon";         ceph-mon $C -i a >&2 || fail
+  STEP="osd create";       timeout 60 ceph $C osd create "$OU" >/dev/null || fail
+  STEP="ceph-osd --mkfs";  ceph-osd $C -i 0 --mkfs --osd-uuid "$OU" >/dev/null 2>&1 || fail
+  STEP="crush map";        { timeout 60 ceph $C osd crush add-bucket localhost host && timeout 60 ceph $C osd crush move localhost root=default \
+                             && timeout 60 ceph $C osd crush add osd.0 1.0 host=localhost; } >/dev/null 2>&1 || fail
+  STEP="ceph-osd";         ceph-osd $C -i 0 >/dev/null 2>&1 || fail
+  STEP="radosgw";          radosgw $C -n client.rgw.x >&2 || fail
+  STEP="radosgw answers on port $RGW"; wait_http "$RGW" || fail
+  STEP="radosgw-admin user create"; radosgw-admin $C -n client.rgw.x user create --uid=test --display-name=test \
+    --access-key=test --secret=test >/dev/null 2>&1 || fail
+  cd - >/dev/null
+  echo "http://127.0.0.1:$RGW" > "$D/endpoint"
+  echo "TWOPHASE_S3_ENDPOINT=http://127.0.0.1:$RGW AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test AWS_DEFAULT_REGION=us-east-1 TWOPHASE_S3_KIND=radosgw"
 }
 
 start_moto() {
@@ -127,6 +138,8 @@ stop_dir() {
     pid=$(cat "$f")
     kill -9 "$pid" 2>/dev/null || true
   done
+  # daemons of this directory whose pid file never appeared (a start that failed half-way)
+  pkill -9 -f -- "-c $D/ceph.conf" 2>/dev/null || true
 }
 
 case "$CMD" in

@@ -58,8 +58,13 @@ def _parse_env_line(out: str) -> dict[str, str]:
     return dict(kv.split("=", 1) for kv in shlex.split(line))
 
 
+_START_FAILURE: list[str] = []  # pytest retries a failed session fixture per test: fail fast instead
+
+
 def s3_server_fixture() -> Iterator[S3Server]:
     """Body of the session fixture ``s3_server``."""
+    if _START_FAILURE:
+        pytest.fail(_START_FAILURE[0])
     if os.environ.get("TWOPHASE_S3_ENDPOINT"):
         yield S3Server(os.environ["TWOPHASE_S3_ENDPOINT"], os.environ.get("AWS_ACCESS_KEY_ID", "test"),
                        os.environ.get("AWS_SECRET_ACCESS_KEY", "test"), os.environ.get("TWOPHASE_S3_KIND", "external"))
@@ -70,7 +75,8 @@ def s3_server_fixture() -> Iterator[S3Server]:
     started = time.monotonic()
     proc = subprocess.run(["bash", str(SCRIPT), cmd, directory], capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
-        pytest.fail(f"could not start the S3 server ({kind}): {proc.stderr[-2000:]}")
+        _START_FAILURE.append(f"could not start the S3 server ({kind}): {proc.stderr[-2000:]}")
+        pytest.fail(_START_FAILURE[0])
     env = _parse_env_line(proc.stdout)
     print(f"S3 server {env['TWOPHASE_S3_KIND']} at {env['TWOPHASE_S3_ENDPOINT']} up in {time.monotonic() - started:.1f}s")
     try:
