@@ -40,7 +40,6 @@ from typing import Any, Collection, Generic, Iterable, Mapping, Optional, Sequen
 
 from twophase import faults
 from twophase._logging import get_logger
-
 from twophase.errors import ConfigurationError
 from twophase.states import TransactionState, check_transition
 
@@ -103,6 +102,12 @@ class Ack:
     def to_json(self) -> dict[str, Any]:
         return {"checkpoint_id": self.checkpoint_id, "task_id": self.task_id, "attempt_uid": self.attempt_uid,
                 "handle": dict(self.handle), "records": self.records}
+
+    @classmethod
+    def from_json(cls, a: Mapping[str, Any]) -> "Ack":
+        """The inverse of :meth:`to_json` (an ack travels as JSON from executors to the driver)."""
+        return cls(int(a["checkpoint_id"]), str(a["task_id"]), str(a["attempt_uid"]), a["handle"],
+                   int(a.get("records", 0)))
 
 
 class TwoPhaseCommitSink(abc.ABC, Generic[H, T]):

@@ -41,8 +41,7 @@ class TwoPhaseCommitMessage(WriterCommitMessage):
     ack: dict = field(default_factory=dict)
 
     def to_ack(self) -> Ack:
-        a = self.ack
-        return Ack(int(a["checkpoint_id"]), str(a["task_id"]), str(a["attempt_uid"]), a["handle"], int(a.get("records", 0)))
+        return Ack.from_json(self.ack)
 
 
 def _acks(messages: List[Optional[WriterCommitMessage]]) -> list[Optional[Ack]]:

@@ -39,10 +39,7 @@ def foreach_batch(sink: TwoPhaseCommitSink[Any, Any], *, owner: str | None = Non
         rows = df.mapInArrow(task, "ack string").collect()
         if getattr(sink, "guarantee", None) is Guarantee.AT_LEAST_ONCE:
             return
-        acks = []
-        for r in rows:
-            a = json.loads(r["ack"])
-            acks.append(Ack(a["checkpoint_id"], a["task_id"], a["attempt_uid"], a["handle"], a.get("records", 0)))
+        acks = [Ack.from_json(json.loads(r["ack"])) for r in rows]
         CheckpointCoordinator(sink, sweep_after_commit=sink.sweep_after_commit).complete_batch(
             batch_id, acks, expected_tasks=[str(i) for i in range(num_partitions)])
 
