@@ -66,13 +66,22 @@ class Guarantee(str, enum.Enum):
 
 @dataclass(frozen=True)
 class TransactionContext:
-    """Identity of one transaction: which sink, checkpoint, task and attempt."""
+    """Identity of one transaction: which sink, checkpoint, task and attempt.
+
+    ``attempt`` is the attempt number within the task's stage attempt (Spark's ``attemptNumber()``,
+    which restarts at 0 in every stage attempt: NOT unique). ``task_attempt_id`` is unique per
+    application (Spark's ``taskAttemptId()``; PySpark exposes no stage attempt number); sinks that
+    name external transactions per attempt must derive the name from it. ``query_id`` is the streaming query's persistent id
+    (``<checkpointLocation>/metadata``), when the engine tells it.
+    """
 
     sink_id: str
     checkpoint_id: int
     task_id: str
     attempt: int = 0
     attempt_uid: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    task_attempt_id: Optional[int] = None
+    query_id: Optional[str] = None
 
 
 class Transaction(Generic[T]):

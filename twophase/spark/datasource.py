@@ -32,6 +32,28 @@ from twophase.sink import Ack, Guarantee, TransactionContext, TwoPhaseCommitSink
 _log = get_logger(__name__)
 
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
+#: set by Spark on every task of a streaming query: the id persisted in <checkpointLocation>/metadata
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
+
+
+def task_context(sink: TwoPhaseCommitSink[Any, Any], batch_id: Optional[int] = None) -> TransactionContext:
+    """The :class:`TransactionContext` of the running Spark task (executor side).
+
+    ``batch_id`` defaults to Spark's ``streaming.sql.batchId`` local property. The attempt identity is
+    Spark's ``taskAttemptId()`` (unique per application), not ``attemptNumber()`` (restarts at 0 in
+    every stage attempt).
+    """
+    from pyspark import TaskContext
+    tc = TaskContext.get()
+    if tc is None:
+        raise RuntimeError("twophase sink task called outside a Spark task")
+    if batch_id is None:
+        raw = tc.getLocalProperty(BATCH_ID_PROPERTY)
+        if raw is None:
+            raise RuntimeError(f"Spark did not set {BATCH_ID_PROPERTY}; twophase sinks need a micro-batch query")
+        batch_id = int(raw)
+    return TransactionContext(sink.sink_id, int(batch_id), str(tc.partitionId()), tc.attemptNumber(),
+                              task_attempt_id=tc.taskAttemptId(), query_id=tc.getLocalProperty(QUERY_ID_PROPERTY))
 
 
 @dataclass
@@ -76,15 +98,7 @@ class TwoPhaseStreamWriter(DataSourceStreamArrowWriter):
         self.sink = sink
 
     def write(self, iterator: Iterator[Any]) -> TwoPhaseCommitMessage:
-        from pyspark import TaskContext
-        tc = TaskContext.get()
-        if tc is None:
-            raise RuntimeError("twophase stream writer called outside a Spark task")
-        batch_id = tc.getLocalProperty(BATCH_ID_PROPERTY)
-        if batch_id is None:
-            raise RuntimeError(f"Spark did not set {BATCH_ID_PROPERTY}; twophase sinks need a micro-batch query")
-        ctx = TransactionContext(self.sink.sink_id, int(batch_id), str(tc.partitionId()), tc.attemptNumber())
-        ack = run_task(self.sink, ctx, iterator)
+        ack = run_task(self.sink, task_context(self.sink), iterator)
         return TwoPhaseCommitMessage(ack.to_json())
 
     def commit(self, messages: List[Optional[WriterCommitMessage]], batchId: int) -> None:

@@ -12,7 +12,7 @@ import json
 from typing import Any, Callable, Iterator
 
 from twophase.coordinator import CheckpointCoordinator
-from twophase.sink import Ack, Guarantee, TransactionContext, TwoPhaseCommitSink, run_task
+from twophase.sink import Ack, Guarantee, TwoPhaseCommitSink, run_task
 
 
 def foreach_batch(sink: TwoPhaseCommitSink[Any, Any], *, owner: str | None = None) -> Callable[[Any, int], None]:
@@ -30,10 +30,8 @@ def foreach_batch(sink: TwoPhaseCommitSink[Any, Any], *, owner: str | None = Non
 
         def task(batches: Iterator[Any]) -> Iterator[Any]:
             import pyarrow as pa
-            from pyspark import TaskContext
-            tc = TaskContext.get()
-            ctx = TransactionContext(sink.sink_id, batch_id, str(tc.partitionId()), tc.attemptNumber())
-            ack = run_task(sink, ctx, batches)
+            from twophase.spark.datasource import task_context
+            ack = run_task(sink, task_context(sink, batch_id), batches)
             yield pa.RecordBatch.from_pylist([{"ack": json.dumps(ack.to_json())}])
 
         rows = df.mapInArrow(task, "ack string").collect()
