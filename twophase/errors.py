@@ -50,6 +50,11 @@ class ConcurrentWriterError(TwoPhaseError):
     """A second query or job tried to use a sink id that another one owns; give it its own sink id or path."""
 
 
+class QueryMismatchError(ConcurrentWriterError):
+    """A sink's log belongs to another streaming query (e.g. the checkpoint was deleted and recreated, so batch
+    ids restart at 0); nothing is committed. Give the new query its own ``sink.id``, or restore the old checkpoint."""
+
+
 class CheckpointDeclinedError(TwoPhaseError):
     """A task declined a checkpoint (or a checkpoint could not complete); it was aborted, nothing of it committed."""
 

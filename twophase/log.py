@@ -3,6 +3,7 @@
 Layout under the log location (a :class:`LogStore`)::
 
     owner.json                      who owns this sink id (written once, put-if-absent)
+    query.json                      the streaming query bound to this log (its persistent id; put-if-absent)
     checkpoints/<id:020d>.json      one record per checkpoint id, replaced atomically on each transition
 
 Every record is written whole to a temporary name, fsynced and renamed over the old one, and carries
@@ -15,12 +16,22 @@ a SHA-256 of its body. Invariants (named in tests as ``test_log_invN_*``):
    never overwritten by anything but COMMITTED.
 4. Retention removes only final (COMMITTED/ABORTED) records, never the newest ``retain`` of them and
    never the highest committed one, so ``highest_committed`` survives pruning.
-5. A sink id has one owner: a second owner is refused with :class:`ConcurrentWriterError`.
+5. A sink id has one owner: a second owner is refused with :class:`ConcurrentWriterError`, and one
+   streaming query: a query with another persistent id (a deleted and recreated checkpoint, whose batch
+   ids restart at 0) is refused with :class:`QueryMismatchError` instead of having its batches taken
+   for already-committed ones.
 6. No record below the highest COMMITTED one is unfinished (the coordinator commits completed
    checkpoints in id order and aborts older pending ones before it commits a newer one). So the
    questions recovery asks (what is unfinished, what is the highest committed id) are answered by
    one listing and reading records from the newest down to the first COMMITTED one: O(1) reads in
    the steady state, which matters when the log is on S3.
+7. Every transition is a compare-and-swap against the version of the record the decision was based
+   on (:meth:`LogStore.put_if_version`: a hash under the lock for local stores, If-Match /
+   If-None-Match on S3): of two writers (drivers) that read the same record, the second write fails
+   with :class:`ConcurrentWriterError` instead of silently replacing the first decision. So one
+   checkpoint id has at most one COMPLETED record, whatever the number of drivers.
+8. Directories are created durably (each new directory's parent is fsynced) and writes are complete
+   (a short ``os.write`` is continued, never ignored).
 """
 
 from __future__ import annotations
@@ -41,7 +52,8 @@ from typing import Any, Iterator, Mapping, Optional
 
 from twophase._logging import get_logger
 from twophase.checkpoint import CheckpointProperties, CompletedCheckpoint, Handle
-from twophase.errors import ConcurrentWriterError, ConfigurationError, LogCorruptError, TransientSinkError
+from twophase.errors import (ConcurrentWriterError, ConfigurationError, LogCorruptError, QueryMismatchError,
+                             TransientSinkError)
 from twophase.states import CheckpointState, check_transition
 
 _log = get_logger(__name__)
@@ -103,6 +115,18 @@ class LogStore(abc.ABC):
         """Store ``data`` under ``name`` only if nothing is there; True if this call created it."""
 
     @abc.abstractmethod
+    def get_versioned(self, name: str) -> tuple[Optional[bytes], Optional[str]]:
+        """The bytes under ``name`` and an opaque version of them (None, None if absent)."""
+
+    @abc.abstractmethod
+    def put_if_version(self, name: str, data: bytes, version: Optional[str]) -> Optional[str]:
+        """Compare-and-swap: store ``data`` only if ``name`` is still at ``version`` (None: still absent).
+
+        Returns the new version if this call wrote, None if another writer changed ``name`` since
+        ``version`` was read (nothing written).
+        """
+
+    @abc.abstractmethod
     def list(self, prefix: str) -> list[str]:
         """Names under ``prefix`` (a folder name ending in ``/``), sorted."""
 
@@ -123,7 +147,7 @@ class LocalLogStore(LogStore):
         self.root = os.path.abspath(os.path.expanduser(root))
         self._lock = ReentrantFileLock(os.path.join(self.root, ".lock"))
         try:
-            os.makedirs(os.path.join(self.root, "checkpoints"), exist_ok=True)
+            makedirs_durable(os.path.join(self.root, "checkpoints"))
         except OSError as e:
             raise ConfigurationError(
                 f"cannot create the transaction log at {self.root!r}: {e.strerror}; "
@@ -160,7 +184,7 @@ class LocalLogStore(LogStore):
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
-                os.write(fd, data)
+                write_all(fd, data)
                 os.fsync(fd)
             finally:
                 os.close(fd)
@@ -171,15 +195,31 @@ class LocalLogStore(LogStore):
                 os.unlink(tmp)
             raise TransientSinkError(f"cannot write log record {path!r}: {e}") from e
 
+    def get_versioned(self, name: str) -> tuple[Optional[bytes], Optional[str]]:
+        data = self.get(name)
+        return data, (None if data is None else hashlib.sha256(data).hexdigest())
+
+    def put_if_version(self, name: str, data: bytes, version: Optional[str]) -> Optional[str]:
+        """Under the flock (which serialises every writer of this directory on this host, and on POSIX
+        shared filesystems with working flock), compare the current bytes' hash, then replace."""
+        with self._lock.hold():
+            _, current = self.get_versioned(name)
+            if current != version:
+                return None
+            self.put(name, data)
+            return hashlib.sha256(data).hexdigest()
+
     def put_if_absent(self, name: str, data: bytes) -> bool:
         path = self._path(name)
         directory = os.path.dirname(path)
         tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}-{os.path.basename(path)}")
         try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                write_all(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
             try:
                 os.link(tmp, path)  # atomic and exclusive: fails if path exists
                 created = True
@@ -223,6 +263,38 @@ class LocalLogStore(LogStore):
                         os.unlink(p)
                         removed += 1
         return removed
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """``os.write`` until every byte is written (a short write is continued, never ignored)."""
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        if n <= 0:
+            raise OSError(errno.EIO, "write returned 0 bytes")
+        view = view[n:]
+
+
+def makedirs_durable(path: str) -> None:
+    """``os.makedirs(path, exist_ok=True)``, fsyncing the parent of every directory it creates, so
+    that the new entries survive a power loss (a file fsynced inside an unsynced new directory can
+    vanish with its directory)."""
+    path = os.path.abspath(path)
+    missing = []
+    while not os.path.isdir(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    for d in reversed(missing):
+        try:
+            os.mkdir(d)
+        except FileExistsError:
+            if not os.path.isdir(d):
+                raise
+            continue
+        _fsync_dir(os.path.dirname(d))
 
 
 def _fsync_dir(directory: str) -> None:
@@ -363,7 +435,7 @@ class TransactionLog:
         # While this process holds the store's lock it is the only writer, so what it read or wrote
         # stays true until the lock is released: reads and the listing are cached for that span only.
         self._locked_depth = 0
-        self._cache: dict[int, Optional[CheckpointRecord]] = {}
+        self._cache: dict[int, tuple[Optional[CheckpointRecord], Optional[str]]] = {}
         self._ids: Optional[set[int]] = None
 
     @classmethod
@@ -376,8 +448,44 @@ class TransactionLog:
 
     # ---- ownership (invariant 5)
 
-    def claim(self, owner: str) -> None:
-        """Bind this sink id to ``owner`` (e.g. a query's checkpoint location) or refuse a second owner."""
+    def claim(self, owner: str, *, query_id: Optional[str] = None) -> None:
+        """Bind this sink id to ``owner`` (a query's checkpoint location) or refuse a second owner; with
+        ``query_id`` (the query's persistent id) also bind the query (:meth:`bind_query`)."""
+        self._claim_owner(owner)
+        if query_id:
+            self.bind_query(query_id, owner=owner)
+
+    def bind_query(self, query_id: str, *, owner: Optional[str] = None) -> None:
+        """Bind this log to the streaming query ``query_id`` or refuse another query (invariant 5).
+
+        A query's persistent id lives in ``<checkpointLocation>/metadata``; a new id at the same
+        location means the checkpoint was deleted and batch ids restart at 0, so the log's committed
+        ids would swallow the new query's batches. Refused; the way out is a new ``sink.id``.
+        """
+        current = self.query()
+        if current is None:
+            body = {"sink_id": self.sink_id, "query_id": query_id, "bound_at": time.time()}
+            if self.store.put_if_absent("query.json", encode_record(body)):
+                _log.info("log_bound_to_query", sink_id=self.sink_id, query_id=query_id, location=self.location)
+                return
+            current = self.query()
+        if current is not None and current.get("query_id") == query_id:
+            return
+        bound = current.get("query_id") if current else "?"
+        raise QueryMismatchError(
+            f"sink id {self.sink_id!r} (log {self.location}) belongs to the streaming query {bound}, but this "
+            f"is query {query_id}{f' (checkpoint {owner})' if owner else ''}. A new query id at the same checkpoint "
+            "location means the checkpoint was deleted or replaced: its batch ids restart at 0 and would be taken "
+            "for batches the old query already committed. Nothing was committed for this query. To write this "
+            "query's data to the same destination, give it a new option 'sink.id' (its log starts empty; the data "
+            "the old query committed stays); to resume the old query, restore its checkpoint directory")
+
+    def query(self) -> Optional[dict[str, Any]]:
+        """The query binding (``query.json``), or None before the first bound micro-batch."""
+        data = self.store.get("query.json")
+        return None if data is None else decode_record(data, f"{self.location}/query.json")
+
+    def _claim_owner(self, owner: str) -> None:
         current = self.owner()  # the common case (every micro-batch re-claims): one read, no write
         if current is None:
             body = {"sink_id": self.sink_id, "owner": owner, "host": socket.gethostname(), "claimed_at": time.time()}
@@ -402,18 +510,25 @@ class TransactionLog:
         return f"checkpoints/{checkpoint_id:020d}.json"
 
     def get(self, checkpoint_id: int) -> Optional[CheckpointRecord]:
+        return self.get_versioned(checkpoint_id)[0]
+
+    def get_versioned(self, checkpoint_id: int) -> tuple[Optional[CheckpointRecord], Optional[str]]:
+        """The record and the store version it was read at (what :meth:`transition` compares against)."""
         if self._locked_depth and checkpoint_id in self._cache:
             return self._cache[checkpoint_id]
-        rec = self._read(checkpoint_id)
+        got = self._read(checkpoint_id)
         if self._locked_depth:
-            self._cache[checkpoint_id] = rec
-        return rec
+            self._cache[checkpoint_id] = got
+        return got
 
-    def _read(self, checkpoint_id: int) -> Optional[CheckpointRecord]:
+    def _read(self, checkpoint_id: int) -> tuple[Optional[CheckpointRecord], Optional[str]]:
         name = self._name(checkpoint_id)
-        data = self.store.get(name)
+        data, version = self.store.get_versioned(name)
         if data is None:
-            return None
+            return None, None
+        return self._decode(name, data), version
+
+    def _decode(self, name: str, data: bytes) -> CheckpointRecord:
         body = decode_record(data, f"{self.location}/{name}")
         if body.get("sink_id") not in (None, self.sink_id):
             raise LogCorruptError(f"log record {name} belongs to sink {body.get('sink_id')!r}, not {self.sink_id!r}")
@@ -467,9 +582,17 @@ class TransactionLog:
                 return rec
         return v.committed
 
-    def transition(self, checkpoint_id: int, target: CheckpointState, **changes: Any) -> CheckpointRecord:
-        """Move ``checkpoint_id`` to ``target`` (invariant 3) and write the record durably (invariant 1)."""
-        current = self.get(checkpoint_id)
+    def transition(self, checkpoint_id: int, target: CheckpointState, *,
+                   expected: Optional[tuple[Optional[CheckpointRecord], Optional[str]]] = None,
+                   **changes: Any) -> CheckpointRecord:
+        """Move ``checkpoint_id`` to ``target`` (invariant 3) and write the record durably (invariant 1).
+
+        The write is a compare-and-swap against ``expected`` (a :meth:`get_versioned` result; default:
+        the record as this log last read it, which inside :meth:`locked` is the read the caller's
+        decision was based on). Raises :class:`ConcurrentWriterError` if another writer changed the
+        record since (invariant 7).
+        """
+        current, version = expected if expected is not None else self.get_versioned(checkpoint_id)
         source = current.state if current else None
         check_transition(source, target, what=f"checkpoint {checkpoint_id} of sink {self.sink_id!r}")
         now = time.time()
@@ -482,16 +605,24 @@ class TransactionLog:
             timestamps = dict(current.timestamps)
         timestamps[target.value] = now
         record = replace(base, state=target, timestamps=timestamps, **changes)
-        self._write(record)
+        self._write(record, version)
         _log.debug("log_transition", sink_id=self.sink_id, checkpoint_id=checkpoint_id,
                    source=source.value if source else None, target=target.value)
         return record
 
-    def _write(self, record: CheckpointRecord) -> None:
-        body = {"sink_id": self.sink_id, "record": record.to_json()}
-        self.store.put(self._name(record.checkpoint_id), encode_record(body))
+    def _write(self, record: CheckpointRecord, version: Optional[str]) -> None:
+        name = self._name(record.checkpoint_id)
+        data = encode_record({"sink_id": self.sink_id, "record": record.to_json()})
+        new_version = self.store.put_if_version(name, data, version)
+        if new_version is None:
+            self._cache.pop(record.checkpoint_id, None)
+            raise ConcurrentWriterError(
+                f"checkpoint {record.checkpoint_id} of sink {self.sink_id!r} (log {self.location}) was changed by "
+                f"another writer since this one read it; refusing to record {record.state.value} over it. Another "
+                "driver (a zombie after a failover, or a second query with this sink id) is writing this log; "
+                "this attempt stops and nothing of it is committed")
         if self._locked_depth:
-            self._cache[record.checkpoint_id] = record
+            self._cache[record.checkpoint_id] = (record, new_version)
             if self._ids is not None:
                 self._ids.add(record.checkpoint_id)
 

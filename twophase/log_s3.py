@@ -11,7 +11,11 @@ Invariants of the store (``test_s3_log_invN_*``):
 1. ``put`` is one PutObject: S3 replaces an object atomically, readers see the old or the new bytes.
 2. ``put_if_absent`` is one PutObject with ``If-None-Match: *``: of two writers racing for a name,
    exactly one gets True (S3 answers the other 412 PreconditionFailed).
-3. ``lock`` serialises mutations of processes on this machine (an flock keyed by the location), which
+3. ``put_if_version`` is one PutObject with ``If-Match: <ETag read>`` (``If-None-Match: *`` for a new
+   record): of two drivers that read the same record, the second write gets 412 and nothing is
+   replaced (log invariant 7). A server that ignores If-Match would make this unsafe, so the tests run
+   the race against the real server.
+4. ``lock`` serialises mutations of processes on this machine (an flock keyed by the location), which
    is what Spark's planner and commit workers need; writers on other machines are kept apart by the
    log's ownership record (put-if-absent), not by this lock.
 """
@@ -155,6 +159,31 @@ class S3LogStore(LogStore):
             if error_code(e) in ("NoSuchKey", "404", "NotFound"):
                 return None
             raise self._fail("read", name, e) from e
+
+    def get_versioned(self, name: str) -> tuple[Optional[bytes], Optional[str]]:
+        try:
+            got = self.client.get_object(Bucket=self.bucket, Key=self._key(name))
+            return got["Body"].read(), got["ETag"]
+        except Exception as e:
+            if error_code(e) in ("NoSuchKey", "404", "NotFound"):
+                return None, None
+            raise self._fail("read", name, e) from e
+
+    def put_if_version(self, name: str, data: bytes, version: Optional[str]) -> Optional[str]:  # invariant 3
+        condition = {"IfNoneMatch": "*"} if version is None else {"IfMatch": version}
+        for _ in range(5):
+            try:
+                return self.client.put_object(Bucket=self.bucket, Key=self._key(name), Body=data, **condition)["ETag"]
+            except Exception as e:
+                code = error_code(e)
+                if code in ("PreconditionFailed", "412"):
+                    return None
+                if version is not None and code in ("NoSuchKey", "404"):  # If-Match on a deleted object
+                    return None
+                if code in ("ConditionalRequestConflict", "409"):  # a concurrent put is in flight: ask again
+                    continue
+                raise self._fail("write", name, e) from e
+        raise TransientSinkError(f"S3 transaction log {self.location}: {name!r} stays contended; retry")
 
     def put(self, name: str, data: bytes) -> None:  # invariant 1
         try:
