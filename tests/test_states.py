@@ -22,6 +22,7 @@ CHECKPOINT_ALLOWED = {
     (C.PENDING, C.COMPLETED),
     (C.PENDING, C.ABORTED),
     (C.COMPLETED, C.COMMITTED),
+    (C.COMPLETED, C.LOST),  # only by an operator: twophase log resolve --accept-loss
     (C.ABORTED, C.PENDING),  # a re-run of the same checkpoint id
 }
 
@@ -98,6 +99,7 @@ def test_final_states_have_no_way_out_but_a_rerun():
     (C.COMPLETED, True, False),
     (C.COMMITTED, True, True),
     (C.ABORTED, True, True),
+    (C.LOST, True, True),
 ])
 def test_checkpoint_state_flags(state, decided, final):
     assert state.is_decided is decided

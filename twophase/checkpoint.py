@@ -2,7 +2,8 @@
 
 Invariants (named in tests as ``test_checkpoint_invN_*``):
 
-1. A :class:`PendingCheckpoint` completes only when every task in ``tasks_to_ack`` has acked once.
+1. A :class:`PendingCheckpoint` completes only when every task in ``tasks_to_ack`` has acked once
+   (at once, with no handles, when there are no tasks: an empty micro-batch).
 2. An ack is counted at most once per task: a second ack of the same task is ``DUPLICATE`` and its
    handle must be aborted by the caller, never committed (unless it is the very handle already
    accepted, i.e. the same ack delivered twice).
@@ -121,8 +122,6 @@ class PendingCheckpoint:
         self._task_state: dict[str, Any] = {}
         self._disposed = False
         self.abort_reason: Optional[str] = None
-        if not self._expected:
-            raise InvalidTransitionError(f"checkpoint {checkpoint_id} has no tasks to acknowledge")
 
     @property
     def expected_tasks(self) -> frozenset[str]:

@@ -23,6 +23,12 @@ Invariants (named in tests as ``test_coordinator_invN_*``):
    transaction of checkpoints up to the highest committed id, before any new data is written.
    Lingering transactions of higher (aborted) ids are left alone, since such an id may be attempted
    again at this very moment; they are aborted once a later checkpoint commits (step 5).
+6. Acks of another streaming query than the one the log is bound to (a deleted and recreated
+   checkpoint: batch ids restart at 0) are aborted and refused with QueryMismatchError; they are
+   never taken for re-runs of the old query's committed batches.
+7. A COMPLETED checkpoint that cannot be committed (DataLossError) stops recovery, with the operator
+   command in the error; only ``twophase log resolve --accept-loss`` moves it to LOST, which is
+   recorded, final, and never counted as committed.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ from twophase import faults
 from twophase._logging import get_logger
 from twophase.checkpoint import (CheckpointProperties, CompletedCheckpoint, Handle, PendingCheckpoint,
                                  TaskAcknowledgeResult)
-from twophase.errors import CheckpointDeclinedError, ConfigurationError
+from twophase.errors import CheckpointDeclinedError, ConfigurationError, DataLossError, QueryMismatchError
 from twophase.log import CheckpointRecord, TransactionLog
 from twophase.sink import Ack, TwoPhaseCommitSink
 from twophase.states import CheckpointState
@@ -283,7 +289,14 @@ class CheckpointCoordinator:
     def _commit_record(self, rec: CheckpointRecord, *, recovering: bool) -> None:
         started = time.perf_counter()
         handles = rec.to_completed().ordered_handles()
-        self.sink.commit_checkpoint(rec.checkpoint_id, handles, recovering=recovering)
+        try:
+            self.sink.commit_checkpoint(rec.checkpoint_id, handles, recovering=recovering)
+        except DataLossError as e:  # invariant 7: stop, and tell the operator the one way on
+            _log.error("checkpoint_data_loss", sink_id=self.log.sink_id, checkpoint_id=rec.checkpoint_id, error=str(e))
+            raise DataLossError(
+                f"{e}. Checkpoint {rec.checkpoint_id} of sink {self.log.sink_id!r} stays COMPLETED and every restart "
+                f"stops here until an operator records the loss: twophase log resolve {self.log.location} "
+                f"--sink-id {self.log.sink_id} --checkpoint {rec.checkpoint_id} --accept-loss") from e
         self.log.transition(rec.checkpoint_id, CheckpointState.COMMITTED)
         _log.info("checkpoint_committed", sink_id=self.log.sink_id, checkpoint_id=rec.checkpoint_id,
                   handles=len(handles), recovering=recovering, commit_ms=round((time.perf_counter() - started) * 1e3, 3))
@@ -303,9 +316,10 @@ class CheckpointCoordinator:
         expected = ({str(t) for t in expected_tasks} if expected_tasks is not None
                     else {a.task_id for a in present} | ({"<missing>"} if len(present) < len(acks) else set()))
         with self._lock, self.log.locked():
+            self._bind_query(checkpoint_id, present)
             rec = self.log.get(checkpoint_id)
             highest = self.log.highest_committed()
-            already = (rec is not None and rec.state is CheckpointState.COMMITTED) or (
+            already = (rec is not None and rec.state in (CheckpointState.COMMITTED, CheckpointState.LOST)) or (
                 rec is None and highest is not None and checkpoint_id < highest)
             if already or (rec is not None and rec.state is CheckpointState.COMPLETED):
                 recorded = list(rec.handles.values()) if rec is not None else []
@@ -321,6 +335,10 @@ class CheckpointCoordinator:
             # step 1 (trigger and acks coincide in Spark)
             if rec is None or rec.state is CheckpointState.ABORTED:
                 self.log.transition(checkpoint_id, CheckpointState.PENDING)
+                if rec is None and self._superseded(checkpoint_id):
+                    for a in present:
+                        self.sink.abort(a.handle)
+                    return CommitOutcome.ALREADY_COMMITTED
             pending = PendingCheckpoint(checkpoint_id, expected, triggered_at=self.clock())
             self._pending[checkpoint_id] = pending
             for a in present:  # step 2
@@ -336,6 +354,46 @@ class CheckpointCoordinator:
                     f"checkpoint {checkpoint_id} of sink {self.log.sink_id!r} aborted: tasks {missing} did not ack")
             self._complete_and_commit(pending)
             return CommitOutcome.COMMITTED
+
+    def _bind_query(self, checkpoint_id: int, acks: Sequence[Ack]) -> None:
+        """Invariant 6: the acks' query must be the log's; otherwise abort them and refuse."""
+        query_ids = sorted({a.query_id for a in acks if a.query_id})
+        try:
+            if len(query_ids) > 1:
+                raise QueryMismatchError(f"checkpoint {checkpoint_id} of sink {self.log.sink_id!r} got acks from "
+                                         f"several streaming queries {query_ids}; one sink id serves one query")
+            if query_ids:
+                self.log.bind_query(query_ids[0])
+        except QueryMismatchError:
+            for a in acks:
+                self.sink.abort(a.handle)
+            raise
+
+    def _superseded(self, checkpoint_id: int) -> bool:
+        """After creating a record: did another driver commit a higher id meanwhile (then this id's old
+        record was pruned and this writer is a zombie)? If so, abort the new record (log invariant 7)."""
+        highest = self.log.highest_committed(fresh=True)
+        if highest is None or highest <= checkpoint_id:
+            return False
+        _log.warning("checkpoint_superseded", sink_id=self.log.sink_id, checkpoint_id=checkpoint_id, highest=highest)
+        self.log.transition(checkpoint_id, CheckpointState.ABORTED,
+                            reason=f"checkpoint {highest} was committed meanwhile by another driver")
+        return True
+
+    def resolve_lost(self, checkpoint_id: int, reason: str) -> CheckpointRecord:
+        """The operator's way out of invariant 7: record a COMPLETED checkpoint that can never be
+        committed as LOST (final, with the reason), so that recovery goes on. Refuses any other state."""
+        with self._lock, self.log.locked():
+            rec = self.log.get(checkpoint_id)
+            if rec is None or rec.state is not CheckpointState.COMPLETED:
+                raise ConfigurationError(
+                    f"checkpoint {checkpoint_id} of sink {self.log.sink_id!r} is "
+                    f"{rec.state.value if rec else 'not in the log'}; only a COMPLETED checkpoint can be resolved as lost")
+            records = sum(int(h.get("records", 0) or 0) for h in rec.handles.values())
+            out = self.log.transition(checkpoint_id, CheckpointState.LOST, reason=f"data loss accepted: {reason}")
+        _log.error("checkpoint_loss_accepted", sink_id=self.log.sink_id, checkpoint_id=checkpoint_id,
+                   handles=len(rec.handles), records=records, reason=reason)
+        return out
 
     def abort_batch(self, checkpoint_id: int, acks: Sequence[Optional[Ack]], reason: str) -> None:
         """Spark's driver abort: abort every prepared handle, record ABORTED unless already decided."""

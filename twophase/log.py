@@ -566,8 +566,12 @@ class TransactionLog:
             newer.append(rec)
         return LogView(ids, None, newer[::-1])
 
-    def highest_committed(self) -> Optional[int]:
-        """The highest COMMITTED checkpoint id (kept through pruning, invariant 4)."""
+    def highest_committed(self, *, fresh: bool = False) -> Optional[int]:
+        """The highest COMMITTED checkpoint id (kept through pruning, invariant 4); ``fresh`` lists and
+        reads again even inside :meth:`locked` (to see what another host wrote meanwhile)."""
+        if fresh:
+            self._ids = None
+            self._cache = {cid: got for cid, got in self._cache.items() if got[0] is not None and got[0].state.is_final}
         return self.view().highest_committed
 
     def unfinished(self) -> list[CheckpointRecord]:

@@ -107,16 +107,18 @@ class Ack:
     attempt_uid: str
     handle: Mapping[str, Any]
     records: int = 0
+    #: the streaming query the task ran for (Spark's persistent query id), checked against the log's binding
+    query_id: Optional[str] = None
 
     def to_json(self) -> dict[str, Any]:
         return {"checkpoint_id": self.checkpoint_id, "task_id": self.task_id, "attempt_uid": self.attempt_uid,
-                "handle": dict(self.handle), "records": self.records}
+                "handle": dict(self.handle), "records": self.records, "query_id": self.query_id}
 
     @classmethod
     def from_json(cls, a: Mapping[str, Any]) -> "Ack":
         """The inverse of :meth:`to_json` (an ack travels as JSON from executors to the driver)."""
         return cls(int(a["checkpoint_id"]), str(a["task_id"]), str(a["attempt_uid"]), a["handle"],
-                   int(a.get("records", 0)))
+                   int(a.get("records", 0)), a.get("query_id"))
 
 
 class TwoPhaseCommitSink(abc.ABC, Generic[H, T]):
@@ -235,4 +237,5 @@ def run_task(sink: TwoPhaseCommitSink[Any, Any], context: TransactionContext, ba
     faults.maybe_crash("after_pre_commit", context.checkpoint_id)
     _log.debug("pre_committed", sink_id=context.sink_id, checkpoint_id=context.checkpoint_id,
                task=context.task_id, records=txn.records)
-    return Ack(context.checkpoint_id, context.task_id, context.attempt_uid, dict(handle), txn.records)
+    return Ack(context.checkpoint_id, context.task_id, context.attempt_uid, dict(handle), txn.records,
+               context.query_id)

@@ -13,6 +13,12 @@ Checkpoint states (one record per checkpoint id in the transaction log)::
 
 A COMPLETED checkpoint is never aborted: once the decision is durable it is
 committed, on recovery if need be (invariant 1 of :mod:`twophase.coordinator`).
+The one exception is an operator's: a COMPLETED checkpoint whose transactions can
+no longer be committed (DataLossError: expired, deleted) stops every recovery until
+``twophase log resolve LOCATION --checkpoint N --accept-loss`` moves it to LOST,
+a final state that records the loss (never taken for COMMITTED, never silent)::
+
+    COMPLETED ──operator accepts the loss──► LOST (final)
 
 Transaction states (one per sink transaction, i.e. per task and checkpoint)::
 
@@ -39,16 +45,18 @@ class CheckpointState(str, enum.Enum):
     COMPLETED = "COMPLETED"
     COMMITTED = "COMMITTED"
     ABORTED = "ABORTED"
+    #: a COMPLETED checkpoint that could not be committed and whose loss an operator accepted
+    LOST = "LOST"
 
     @property
     def is_decided(self) -> bool:
-        """True once the outcome is fixed: COMPLETED (will commit), COMMITTED or ABORTED."""
+        """True once the outcome is fixed: COMPLETED (will commit), COMMITTED, ABORTED or LOST."""
         return self is not CheckpointState.PENDING
 
     @property
     def is_final(self) -> bool:
-        """True when nothing more happens to this attempt: COMMITTED or ABORTED."""
-        return self in (CheckpointState.COMMITTED, CheckpointState.ABORTED)
+        """True when nothing more happens to this attempt: COMMITTED, ABORTED or LOST."""
+        return self in (CheckpointState.COMMITTED, CheckpointState.ABORTED, CheckpointState.LOST)
 
 
 class TransactionState(str, enum.Enum):
@@ -66,8 +74,9 @@ State = Union[CheckpointState, TransactionState]
 CHECKPOINT_TRANSITIONS: dict[Optional[CheckpointState], frozenset[CheckpointState]] = {
     None: frozenset({CheckpointState.PENDING}),
     CheckpointState.PENDING: frozenset({CheckpointState.COMPLETED, CheckpointState.ABORTED}),
-    CheckpointState.COMPLETED: frozenset({CheckpointState.COMMITTED}),
+    CheckpointState.COMPLETED: frozenset({CheckpointState.COMMITTED, CheckpointState.LOST}),
     CheckpointState.COMMITTED: frozenset(),
+    CheckpointState.LOST: frozenset(),
     # A checkpoint id can be attempted again after an abort (Spark re-runs a failed batch id).
     CheckpointState.ABORTED: frozenset({CheckpointState.PENDING}),
 }
