@@ -10,6 +10,7 @@ import base64
 import datetime as _dt
 import decimal
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Callable, MutableMapping, Optional
 
@@ -75,10 +76,11 @@ class ParquetFormatWriter(FormatWriter):
 
 
 def _json_default(v: Any) -> Any:
+    """Fallback for values no :func:`_json_encoder` covers (the embedded runtime's Python objects)."""
     if isinstance(v, (_dt.datetime, _dt.date, _dt.time)):
         return v.isoformat()
     if isinstance(v, decimal.Decimal):
-        return str(v)
+        return format(v, "f")
     if isinstance(v, (bytes, bytearray)):
         return base64.b64encode(bytes(v)).decode()
     if isinstance(v, _dt.timedelta):
@@ -86,22 +88,172 @@ def _json_default(v: Any) -> Any:
     return str(v)
 
 
+# --------------------------------------------------------------------------- value encodings of JSON and CSV
+#
+# Invariant: a value written as JSON or CSV reads back as the same value with the column's type (Spark's
+# JSON reader with the stream's schema; for CSV any RFC 4180 reader, e.g. Spark with
+# .option("escape", '"'), DuckDB, pyarrow):
+#
+# - timestamp with a time zone: ISO 8601 in UTC with microseconds, ``2024-05-01T12:00:00.000001Z``
+#   (Spark sends the session time zone; the instant is what counts, and UTC names it unambiguously);
+# - timestamp without a time zone (timestamp_ntz): ``2024-05-01T12:00:00.000001``, no zone;
+# - date: ``2024-05-01``; decimal: plain digits with the column's scale (``0.00000000``, never ``0E-8``),
+#   a JSON string so no reader goes through a binary float;
+# - float/double: shortest repr; NaN and infinities as Spark writes them: JSON ``"NaN"``, ``"Infinity"``,
+#   ``"-Infinity"`` (valid JSON), CSV ``NaN``, ``Inf``, ``-Inf`` (Spark's CSV defaults);
+# - binary: base64 in JSON (Spark's convention); not CSV (:func:`format_problem`);
+# - map: a JSON object in the map's entry order (string keys only, :func:`format_problem`); arrays and
+#   structs as JSON arrays and objects; not CSV;
+# - null: JSON ``null`` at every level; CSV an empty unquoted field, while an empty string is ``""``.
+
+
+def format_problem(fmt: str, t: pa.DataType) -> Optional[tuple[str, str]]:
+    """``(where, fix)`` if file format ``fmt`` cannot hold every value of Arrow type ``t`` exactly, else None.
+
+    ``where`` is the path inside the type (``""``, ``".key"``, ``".element.x"``); ``fix`` tells the user what
+    to do. Parquet holds every type Spark sends (see :mod:`twophase.spark._types`).
+    """
+    if fmt == "csv":
+        if pa.types.is_nested(t):
+            return "", "serialize it with to_json(...) or use option format=json or parquet"
+        if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
+            return "", "encode it with base64(...) (or cast it to string if it is text) or use option format=json or parquet"
+        return None
+    if fmt == "json":
+        if pa.types.is_map(t):
+            if not (pa.types.is_string(t.key_type) or pa.types.is_large_string(t.key_type)):
+                return ".key", ("JSON object keys are strings and Spark's JSON reader reads only string-keyed maps: "
+                                "cast the keys, e.g. transform_keys(m, (k, v) -> cast(k as string)), or use option "
+                                "format=parquet")
+            found = format_problem(fmt, t.item_type)
+            return None if found is None else (".value" + found[0], found[1])
+        if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+            found = format_problem(fmt, t.value_type)
+            return None if found is None else (".element" + found[0], found[1])
+        if pa.types.is_struct(t):
+            for i in range(t.num_fields):
+                found = format_problem(fmt, t.field(i).type)
+                if found is not None:
+                    return f".{t.field(i).name}" + found[0], found[1]
+        return None
+    return None
+
+
+def _utc_iso(v: _dt.datetime) -> str:
+    return v.astimezone(_dt.timezone.utc).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
+
+
+def _json_float(v: float) -> Any:
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "Infinity" if v > 0 else "-Infinity"
+    return v
+
+
+def _json_encoder(t: pa.DataType) -> Optional[Callable[[Any], Any]]:
+    """A function turning a non-null ``to_pylist()`` value of type ``t`` into its JSON value; None if the value
+    is already its own JSON value (strings, integers, booleans, and nested values of those)."""
+    if pa.types.is_timestamp(t):
+        return _utc_iso if t.tz is not None else (lambda v: v.isoformat(timespec="microseconds"))
+    if pa.types.is_date(t) or pa.types.is_time(t):
+        return lambda v: v.isoformat()
+    if pa.types.is_decimal(t):
+        return lambda v: format(v, "f")
+    if pa.types.is_floating(t):
+        return _json_float
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
+        return lambda v: base64.b64encode(v).decode()
+    if pa.types.is_duration(t):
+        return lambda v: v.total_seconds()
+    if pa.types.is_map(t):
+        ke, ve = _json_encoder(t.key_type), _json_encoder(t.item_type)
+        kf = (lambda k: k if isinstance(k, str) else json.dumps(k)) if ke is None else (lambda k: str(ke(k)))
+        vf = _nullable(ve)
+        return lambda v: {kf(k): vf(x) for k, x in v}
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        e = _json_encoder(t.value_type)
+        if e is None:
+            return None
+        ef = _nullable(e)
+        return lambda v: [ef(x) for x in v]
+    if pa.types.is_struct(t):
+        encs = [(t.field(i).name, _json_encoder(t.field(i).type)) for i in range(t.num_fields)]
+        if all(e is None for _, e in encs):
+            return None
+        fs = [(n, _nullable(e)) for n, e in encs]
+        return lambda v: {n: f(v[n]) for n, f in fs}
+    return None
+
+
+def _nullable(e: Optional[Callable[[Any], Any]]) -> Callable[[Any], Any]:
+    if e is None:
+        return lambda v: v
+    return lambda v: None if v is None else e(v)
+
+
+def json_rows(batch: pa.RecordBatch) -> list[dict[str, Any]]:
+    """The rows of ``batch`` as JSON-ready dicts (see the value encodings above)."""
+    names = batch.schema.names
+    columns = []
+    for col, f in zip(batch.columns, batch.schema):
+        values = col.to_pylist()
+        e = _json_encoder(f.type)
+        if e is not None:
+            values = [None if v is None else e(v) for v in values]
+        columns.append(values)
+    return [dict(zip(names, row)) for row in zip(*columns)]
+
+
+def csv_column(col: pa.Array, name: str = "?") -> pa.Array:
+    """``col`` in its CSV form (see the value encodings above): numbers, booleans, dates and strings as they
+    are; timestamps, decimals and floats as strings. Raises ConfigurationError for what CSV cannot hold."""
+    import pyarrow.compute as pc
+    t = col.type
+    found = format_problem("csv", t)
+    if found is not None:
+        raise ConfigurationError(f"column {name!r} of type {t} cannot be written as csv; {found[1]}")
+    if pa.types.is_timestamp(t):
+        if t.tz is not None:
+            return pc.strftime(col.cast(pa.timestamp(t.unit, "UTC")), format="%Y-%m-%dT%H:%M:%SZ")
+        return pc.strftime(col, format="%Y-%m-%dT%H:%M:%S")
+    if pa.types.is_decimal(t):
+        return pa.array([None if v is None else format(v, "f") for v in col.to_pylist()], pa.string())
+    if pa.types.is_floating(t):
+        s = col.cast(pa.string())
+        s = pc.if_else(pc.is_nan(col), pa.scalar("NaN"), s)
+        s = pc.if_else(pc.equal(col, pa.scalar(float("inf"), t)), pa.scalar("Inf"), s)
+        return pc.if_else(pc.equal(col, pa.scalar(float("-inf"), t)), pa.scalar("-Inf"), s)
+    return col
+
+
 class JsonLinesFormatWriter(FormatWriter):
+    """JSON lines (see the value encodings above); every line is strict JSON (no bare NaN)."""
+
     def write(self, batch: pa.RecordBatch) -> None:
-        lines = [json.dumps(r, default=_json_default, separators=(",", ":")) for r in batch.to_pylist()]
+        lines = [json.dumps(r, default=_json_default, separators=(",", ":"), allow_nan=False)
+                 for r in json_rows(batch)]
         if lines:
             self.stream.write(("\n".join(lines) + "\n").encode())
         self.records += batch.num_rows
 
 
 class CsvFormatWriter(FormatWriter):
+    """RFC 4180 CSV with a header (see the value encodings above); nested and binary columns are refused."""
+
     def __init__(self, stream: BinaryIO, schema: pa.Schema) -> None:
         super().__init__(stream, schema)
         import pyarrow.csv as pacsv
-        self._w = pacsv.CSVWriter(stream, schema)
+        for f in schema:
+            found = format_problem("csv", f.type)
+            if found is not None:
+                raise ConfigurationError(f"column {f.name!r} of type {f.type} cannot be written as csv; {found[1]}")
+        self._encoded = pa.schema([pa.field(f.name, csv_column(pa.nulls(0, f.type), f.name).type) for f in schema])
+        self._w = pacsv.CSVWriter(stream, self._encoded)
 
     def write(self, batch: pa.RecordBatch) -> None:
-        self._w.write_batch(batch)
+        cols = [csv_column(c, n) for c, n in zip(batch.columns, batch.schema.names)]
+        self._w.write_batch(pa.RecordBatch.from_arrays(cols, schema=self._encoded))
         self.records += batch.num_rows
 
     def close(self) -> None:
@@ -125,7 +277,12 @@ def escape_partition_value(v: Any) -> str:
     """Hive-style path escaping of a partition value (as Spark does); None -> __HIVE_DEFAULT_PARTITION__."""
     if v is None:
         return "__HIVE_DEFAULT_PARTITION__"
-    s = v.isoformat() if isinstance(v, (_dt.date, _dt.datetime)) else str(v)
+    if isinstance(v, bool):
+        s = "true" if v else "false"  # as Spark writes it (and as Delta's partition values must be)
+    elif isinstance(v, decimal.Decimal):
+        s = format(v, "f")  # never 0E-8
+    else:
+        s = v.isoformat() if isinstance(v, (_dt.date, _dt.datetime)) else str(v)
     if s == "":
         return "__HIVE_DEFAULT_PARTITION__"
     return "".join(f"%{ord(c):02X}" if c in _ESCAPE or ord(c) < 0x20 else c for c in s)
@@ -153,12 +310,6 @@ def split_by_partition(batch: pa.RecordBatch, columns: tuple[str, ...]) -> list[
     return out
 
 
-def part_file_name(checkpoint_id: int, task_id: str, attempt_uid: str, seq: int, ext: str) -> str:
-    """``part-<checkpoint>-<task>-<attempt>-<seq>.<ext>``: unique per attempt, sorted by checkpoint."""
-    task = int(task_id) if task_id.isdigit() else task_id
-    return f"part-{checkpoint_id:08d}-{task:>05}-{attempt_uid}-{seq:03d}.{ext}"
-
-
 @dataclass(kw_only=True)
 class FileLikeTransaction:
     """In-task state shared by file-like sinks: open files per partition directory, finished ones."""
@@ -170,9 +321,10 @@ class FileLikeTransaction:
     records: int = 0
 
     def next_name(self, ext: str) -> str:
-        """The next :func:`part_file_name` of this transaction."""
+        """The next :func:`sinks._naming.part_file_name` of this transaction (it carries the sink's token)."""
+        from sinks._naming import part_file_name
         c = self.context
-        name = part_file_name(c.checkpoint_id, c.task_id, c.attempt_uid, self.seq, ext)
+        name = part_file_name(c.sink_id, c.checkpoint_id, c.task_id, c.attempt_uid, self.seq, ext)
         self.seq += 1
         return name
 

@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
-from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from sinks.delta import DeltaSink
+from twophase.spark._types import arrow_schema, check_columns
 from twophase.spark.datasource import TwoPhaseSinkDataSource
 
 
 class DeltaDataSource(TwoPhaseSinkDataSource):
     """``df.writeStream.format("twophase-delta").option("path", ...)`` — see :mod:`sinks.delta`.
 
-    The stream's schema is checked against the table on the driver before each batch (option
-    ``mergeSchema`` adds new columns).
+    The stream's schema is checked on the driver before each batch: every column type must round-trip
+    through Delta (:func:`twophase.spark._types.check_columns`; ``timestamp_ntz`` columns get the table
+    feature ``timestampNtz`` from deltalake), then against the table (option ``mergeSchema`` adds new
+    columns). ``timestamp`` columns are Delta ``timestamp`` (UTC instants) whatever the session time zone.
     """
 
     short_name = "twophase-delta"
 
     def build_sink(self, schema: StructType) -> DeltaSink:
-        return DeltaSink.from_options(dict(self.options), to_arrow_schema(schema))
+        check_columns(self.short_name, schema, "delta")  # before the Arrow conversion, which has no form for some types
+        sink = DeltaSink.from_options(dict(self.options), arrow_schema(schema))
+        check_columns(self.short_name, schema, "delta", partition_by=sink.options.partition_by)
+        return sink

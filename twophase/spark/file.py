@@ -5,6 +5,7 @@ from __future__ import annotations
 from pyspark.sql.types import StructType
 
 from sinks.files import FileSink
+from twophase.spark._types import check_columns
 from twophase.spark.datasource import TwoPhaseSinkDataSource
 
 
@@ -14,4 +15,7 @@ class FileDataSource(TwoPhaseSinkDataSource):
     short_name = "twophase-file"
 
     def build_sink(self, schema: StructType) -> FileSink:
-        return FileSink.from_options(dict(self.options), schema)
+        """Parse the options, then refuse (on the driver) every column the chosen format cannot round-trip."""
+        sink = FileSink.from_options(dict(self.options), schema)
+        check_columns(self.short_name, schema, sink.options.format, partition_by=sink.options.partition_by)
+        return sink

@@ -21,6 +21,7 @@ from pyspark.sql.types import StructType
 from sinks.kafka import KafkaSink
 from sources._kafka_offsets import KafkaSplit
 from sources.kafka import HEADERS_DDL, SPARK_SCHEMA_DDL, KafkaSource, KafkaSourceOptions, KafkaSplitReader
+from twophase.spark._types import check_kafka_columns
 from twophase.spark.datasource import TwoPhaseSinkDataSource
 
 
@@ -103,7 +104,10 @@ class KafkaDataSource(TwoPhaseSinkDataSource):
         return SPARK_SCHEMA_DDL + (", " + HEADERS_DDL if include == "true" else "")
 
     def build_sink(self, schema: StructType) -> KafkaSink:
-        return KafkaSink.from_options(dict(self.options), schema)
+        """Parse the options and columns, then refuse key/value/topic/partition/headers of the wrong type."""
+        sink = KafkaSink.from_options(dict(self.options), schema)
+        check_kafka_columns(self.short_name, schema)
+        return sink
 
     def streamReader(self, schema: StructType) -> KafkaStreamReader:
         return KafkaStreamReader(KafkaSourceOptions.from_options(dict(self.options)))
