@@ -70,13 +70,15 @@ def check_exactly_once(expected_ids: list[int], found_ids: list[int]) -> Exactly
 
 
 def staging_leftovers(out: str) -> list[str]:
-    """Staged attempt directories still under ``out/_twophase/staging``."""
-    staging = os.path.join(out, "_twophase", "staging")
+    """Staged attempt directories still under ``out/_twophase/<token>/staging`` (of every sink)."""
     left = []
-    if os.path.isdir(staging):
-        for d in os.listdir(staging):
-            for a in os.listdir(os.path.join(staging, d)):
-                left.append(f"{d}/{a}")
+    internal = os.path.join(out, "_twophase")
+    for token in (os.listdir(internal) if os.path.isdir(internal) else ()):
+        staging = os.path.join(internal, token, "staging")
+        if os.path.isdir(staging):
+            for d in os.listdir(staging):
+                for a in os.listdir(os.path.join(staging, d)):
+                    left.append(f"{token}/{d}/{a}")
     return left
 
 

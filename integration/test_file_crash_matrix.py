@@ -12,6 +12,7 @@ import os
 import pytest
 
 from integration.fileio import check_exactly_once, make_input, read_ids, run_file_job, staging_leftovers
+from sinks._naming import default_log_location
 from twophase.faults import POINTS
 from twophase.log import TransactionLog
 
@@ -47,5 +48,6 @@ def test_crash_matrix_file_sink(tmp_path, point):
     report = check_exactly_once(ids, read_ids(out))
     assert report.ok, report.line()
     assert staging_leftovers(out) == [], "staged files left after recovery"
-    log = TransactionLog.open(os.path.join(out, "_twophase", "log"), f"file:{os.path.abspath(out)}")
+    log = TransactionLog.open(default_log_location(os.path.abspath(out), f"file:{os.path.abspath(out)}"),
+                             f"file:{os.path.abspath(out)}")
     assert log.unfinished() == [], "a checkpoint was left PENDING or COMPLETED"

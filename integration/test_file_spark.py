@@ -12,6 +12,7 @@ import os
 import pytest
 
 from integration.fileio import check_exactly_once, make_input, read_ids, staging_leftovers
+from sinks._naming import default_log_location, internal_rel
 from twophase.errors import ConcurrentWriterError
 from twophase.log import TransactionLog
 from twophase.states import CheckpointState
@@ -46,7 +47,8 @@ def _run(spark, input_dir, out, ck, *, fmt="parquet", guarantee="exactly-once", 
 
 
 def _log(out):
-    return TransactionLog.open(os.path.join(out, "_twophase", "log"), f"file:{os.path.abspath(out)}")
+    return TransactionLog.open(default_log_location(os.path.abspath(out), f"file:{os.path.abspath(out)}"),
+                               f"file:{os.path.abspath(out)}")
 
 
 def _drop_last_spark_commit(ck):
@@ -108,7 +110,7 @@ def test_plain_readers_see_only_committed_batches(spark, tmp_path):
     ids = make_input(inp, 2, 50)
     _run(spark, inp, out, ck)
     # a staged, uncommitted attempt (as a crashed task leaves it) must be invisible to every reader
-    ghost = os.path.join(out, "_twophase", "staging", f"{99:020d}", "0-deadbeef")
+    ghost = os.path.join(out, internal_rel(f"file:{os.path.abspath(out)}"), "staging", f"{99:020d}", "0-deadbeef")
     os.makedirs(ghost)
     import pyarrow as pa
     import pyarrow.parquet as pq

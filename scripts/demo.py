@@ -25,13 +25,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from integration.fileio import FILE_JOB, check_exactly_once, make_input, read_ids, staging_leftovers  # noqa: E402
+from sinks._naming import default_log_location  # noqa: E402
 from twophase.cli import inspect_log  # noqa: E402
 from twophase.log import TransactionLog  # noqa: E402
 from twophase.states import CheckpointState  # noqa: E402
 
 
 def committed(out: str) -> int:
-    loc = os.path.join(out, "_twophase", "log")
+    loc = default_log_location(os.path.abspath(out), f"file:{os.path.abspath(out)}")
     if not os.path.isdir(os.path.join(loc, "checkpoints")):
         return 0
     try:

@@ -10,8 +10,11 @@ deltalake (delta-rs); on S3 its conditional put (If-None-Match) makes concurrent
 Layout::
 
     <table>/_delta_log/                         the Delta log (the table's truth)
-    <table>/<a=1>/part-<ckpt>-<task>-<attempt>-<seq>.parquet   data files
-    <table>/_twophase/log/                      twophase's transaction log for this sink
+    <table>/<a=1>/part-<token>-<ckpt>-<task>-<attempt>-<seq>.parquet   data files
+    <table>/_twophase/<token>/log/              twophase's transaction log for this sink
+
+``<token>`` is the sink's identity (:mod:`sinks._naming`). Several queries may append to one table,
+each with its own ``sink.id`` (its own log, app id and token); none ever touches another's files.
 
 Invariants (``test_delta_sink_invN_*``):
 
@@ -19,10 +22,12 @@ Invariants (``test_delta_sink_invN_*``):
 2. A checkpoint is committed at most once: the commit is skipped when the table's transaction version
    for the app id is already ``>= checkpoint id`` (delta-rs accepts duplicates, so the check is ours).
 3. ``abort`` deletes only the files of the handle, which no Delta commit references.
-4. ``abort_lingering(n)`` deletes data files of checkpoints ``<= n`` that no Delta commit references
-   (crashed tasks, failed attempts), and aborts in-progress S3 uploads of those checkpoints. It never
-   looks at a checkpoint twice (a watermark in the sink's log), so files that a later OPTIMIZE removed
-   from the snapshot stay for time travel and VACUUM.
+4. ``abort_lingering(n)`` deletes only data files that carry this sink's token, of checkpoints
+   ``<= n``, that the sink's own log proves were never committed (the checkpoint's record is final and
+   does not list the file): crashed tasks, failed attempts. It aborts in-progress S3 uploads of those
+   checkpoints likewise. A file any Delta commit added is never deleted, whatever OPTIMIZE or DELETE
+   later removed from the snapshot (time travel and VACUUM keep their files); a file no final record
+   speaks for is kept and logged. A watermark in the log keeps each checkpoint from being scanned twice.
 5. The stream's schema is checked on the driver before any data moves: a new column needs
    ``mergeSchema=true`` (then it is added, nullable, in a metadata-only commit); a changed type or other
    partition columns are refused with a :class:`~twophase.errors.ConfigurationError`.
@@ -45,18 +50,19 @@ import pyarrow as pa
 
 from sinks._formats import FileLikeTransaction, ParquetFormatWriter, write_rolling
 from sinks.s3 import (MultipartStream, S3_CLIENT_OPTIONS, abort_lingering_uploads, check_bucket, check_partition_columns,
-                      complete_upload, multipart_etag, s3_config_from, OBJECT_NAME)
+                      complete_upload, multipart_etag, s3_config_from)
+from sinks._naming import internal_rel, own_part_checkpoint
 from twophase import faults
 from twophase._logging import get_logger
 from twophase.errors import ConfigurationError, MissingDependencyError, TransientSinkError, TwoPhaseError
-from twophase.log import TransactionLog, _fsync_dir
+from twophase.log import TransactionLog, _fsync_dir, makedirs_durable
 from twophase.log_s3 import S3Config, error_code, open_log_store, parse_s3_url
 from twophase.options import Option, parse_bool, parse_choice, parse_list, parse_options, parse_size
 from twophase.sink import Guarantee, TransactionContext, TwoPhaseCommitSink
+from twophase.states import CheckpointState
 
 _log = get_logger(__name__)
 
-INTERNAL_DIR = "_twophase"
 WATERMARK = "delta_orphans_scanned.json"
 
 DELTA_OPTIONS: tuple[Option[Any], ...] = (
@@ -143,7 +149,7 @@ class _LocalFiles:
 
     def open(self, rel: str, pool: ThreadPoolExecutor) -> Any:
         path = os.path.join(self.root, rel)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        makedirs_durable(os.path.dirname(path))
         return open(path, "wb")
 
     def finish(self, stream: Any) -> int:
@@ -169,7 +175,7 @@ class _LocalFiles:
             for n in filenames:
                 yield os.path.relpath(os.path.join(dirpath, n), self.root).replace(os.sep, "/")
 
-    def abort_uploads(self, up_to: int) -> int:
+    def abort_uploads(self, sink_id: str, up_to: int) -> int:
         return 0
 
 
@@ -218,8 +224,8 @@ class _S3Files:
                 if not any(seg.startswith(("_", ".")) for seg in rel.split("/")[:-1]):
                     yield rel
 
-    def abort_uploads(self, up_to: int) -> int:
-        return abort_lingering_uploads(self.client, self.bucket, self.prefix, up_to, ())
+    def abort_uploads(self, sink_id: str, up_to: int) -> int:
+        return abort_lingering_uploads(self.client, self.bucket, self.prefix, sink_id, up_to, ())
 
 
 # --------------------------------------------------------------------------- stats and partition values
@@ -393,7 +399,7 @@ class DeltaSink(TwoPhaseCommitSink[dict, DeltaTransaction]):
             _log.info("delta_schema_merged", sink_id=self.sink_id, uri=self.uri, added=[f.name for f in new_fields])
 
     def transaction_log(self) -> TransactionLog:
-        loc = self.options.log_location or f"{self.uri}/{INTERNAL_DIR}/log"
+        loc = self.options.log_location or f"{self.uri}/{internal_rel(self.sink_id)}/log"
         return TransactionLog(open_log_store(loc, self.options.s3), self.sink_id, retain=self.options.log_retain)
 
     # ---- executor side
@@ -482,28 +488,44 @@ class DeltaSink(TwoPhaseCommitSink[dict, DeltaTransaction]):
             self.files.delete(f["rel"])
 
     def abort_lingering(self, up_to_checkpoint: int, keep: Collection[Mapping[str, Any]] = ()) -> int:
-        """Delete unreferenced data files of checkpoints in (watermark, up_to] (invariant 4)."""
-        removed = self.files.abort_uploads(up_to_checkpoint)
-        store = self.transaction_log().store
-        raw = store.get(WATERMARK)
+        """Delete this sink's data files of checkpoints in (watermark, up_to] that its log proves were
+        never committed (invariant 4).
+
+        A file is deleted only if its name carries this sink's token and the log's record of its
+        checkpoint is final and does not list it (ABORTED, or COMMITTED with other files): never a file
+        of another sink or query on the same table, and never a file any Delta commit added, whatever
+        later commits (OPTIMIZE, DELETE) removed from the snapshot: history and VACUUM keep those.
+        A file whose checkpoint record is gone (pruned) cannot be proven orphaned and is kept (logged).
+        """
+        removed = self.files.abort_uploads(self.sink_id, up_to_checkpoint)
+        log = self.transaction_log()
+        raw = log.store.get(WATERMARK)
         watermark = int(json.loads(raw)["scanned_up_to"]) if raw else -1
         if up_to_checkpoint <= watermark:
             return removed
         kept = {f["rel"] for h in keep for f in h.get("files", ())}
-        dt = self._table()
-        referenced: set[str] = set()
-        if dt is not None:
-            paths = pa.table(dt.get_add_actions(flatten=True)).column("path").to_pylist()
-            referenced = {p for p in paths} | {urllib.parse.unquote(p) for p in paths}
-        for rel in list(self.files.list_data()):
-            m = OBJECT_NAME.match(rel.rsplit("/", 1)[-1])
-            if m is None or not (watermark < int(m.group(1)) <= up_to_checkpoint):
+        candidates: dict[str, int] = {}
+        for rel in self.files.list_data():
+            cid = own_part_checkpoint(rel.rsplit("/", 1)[-1], self.sink_id)
+            if cid is not None and watermark < cid <= up_to_checkpoint and rel not in kept:
+                candidates[rel] = cid
+        records = {cid: log.get(cid) for cid in sorted(set(candidates.values()))}
+        unprovable: list[str] = []
+        for rel, cid in sorted(candidates.items()):
+            rec = records[cid]
+            if rec is None or rec.state not in (CheckpointState.ABORTED, CheckpointState.COMMITTED):
+                unprovable.append(rel)
                 continue
-            if rel in referenced or rel in kept:
+            committed = {f["rel"] for h in rec.handles.values() for f in h.get("files", ())} \
+                if rec.state is CheckpointState.COMMITTED else set()
+            if rel in committed:
                 continue
             self.files.delete(rel)
             removed += 1
-        store.put(WATERMARK, json.dumps({"scanned_up_to": up_to_checkpoint}).encode())
+        if unprovable:
+            _log.warning("lingering_kept", sink_id=self.sink_id, files=unprovable[:20], count=len(unprovable),
+                         why="no final log record proves these files uncommitted; left for VACUUM")
+        log.store.put(WATERMARK, json.dumps({"scanned_up_to": up_to_checkpoint}).encode())
         if removed:
             _log.info("lingering_aborted", sink_id=self.sink_id, up_to=up_to_checkpoint, files=removed)
         return removed

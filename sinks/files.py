@@ -2,9 +2,12 @@
 
 Layout under the output ``path``::
 
-    <path>/<a=1>/<b=x>/part-<ckpt>-<task>-<attempt>-<seq>.<ext>    committed files (what readers see)
-    <path>/_twophase/staging/<ckpt>/<task>-<attempt>/...            staged, invisible files
-    <path>/_twophase/log/                                           the transaction log
+    <path>/<a=1>/<b=x>/part-<token>-<ckpt>-<task>-<attempt>-<seq>.<ext>  committed files (what readers see)
+    <path>/_twophase/<token>/staging/<ckpt>/<task>-<attempt>/...         staged, invisible files
+    <path>/_twophase/<token>/log/                                        the transaction log
+
+``<token>`` is the sink's identity (:mod:`sinks._naming`): several sinks (queries) may share ``path``,
+each with its own ``sink.id``, and none ever touches another's staged files or log.
 
 Readers that skip names starting with ``_`` or ``.`` (Spark, pyarrow.dataset, pandas, DuckDB globs of
 ``*.parquet``) see only committed files. The handle of a transaction lists each staged file and its
@@ -18,7 +21,10 @@ Invariants (``test_file_sink_invN_*``):
    same inode) is already committed; a file missing from both places raises DataLossError.
 3. ``abort`` removes only staged files; a committed file is never removed or written twice.
 4. Staged files of checkpoints ``<= n`` that no completed checkpoint owns are removed by
-   ``abort_lingering(n)`` (failed attempts, speculative duplicates, crashed runs).
+   ``abort_lingering(n)`` (failed attempts, speculative duplicates, crashed runs): only under the
+   sink's own ``_twophase/<token>/staging``.
+5. Every directory the sink creates (staging, Hive partition directories) has its parent fsynced, so
+   a committed file's directory entry survives a power loss.
 """
 
 from __future__ import annotations
@@ -35,13 +41,12 @@ from sinks._formats import (EXTENSIONS, FORMATS, FileLikeTransaction, FormatWrit
                             write_rolling)
 from twophase._logging import get_logger
 from twophase.errors import ConfigurationError, DataLossError, TwoPhaseError
-from twophase.log import TransactionLog, _fsync_dir
+from sinks._naming import internal_rel
+from twophase.log import TransactionLog, _fsync_dir, makedirs_durable
 from twophase.options import Option, parse_choice, parse_list, parse_options, parse_size
 from twophase.sink import Guarantee, TransactionContext, TwoPhaseCommitSink
 
 _log = get_logger(__name__)
-
-INTERNAL_DIR = "_twophase"
 
 FILE_OPTIONS: tuple[Option[Any], ...] = (
     Option("path", str, required=True, help="the output directory: .option('path', '/data/out') or .start('/data/out')"),
@@ -109,6 +114,9 @@ class FileSink(TwoPhaseCommitSink[dict, FileTransaction]):
         self.root = options.path
         self.sink_id = options.sink_id or f"file:{self.root}"
         self.guarantee = options.guarantee
+        #: ``_twophase/<token>``: the sink's own folder (staging, default log location)
+        self.internal_rel = internal_rel(self.sink_id)
+        self.token = self.internal_rel.rsplit("/", 1)[-1]
 
     @classmethod
     def from_options(cls, raw: Mapping[str, Any], schema: Any = None) -> "FileSink":
@@ -119,7 +127,7 @@ class FileSink(TwoPhaseCommitSink[dict, FileTransaction]):
     def validate_destination(self) -> None:
         """Fail early if the output directory cannot be created or written."""
         try:
-            os.makedirs(os.path.join(self.root, INTERNAL_DIR, "staging"), exist_ok=True)
+            makedirs_durable(self._staging)
         except OSError as e:
             raise ConfigurationError(f"twophase-file: option 'path'={self.root!r} cannot be created: {e.strerror}; "
                                      "give a writable directory") from e
@@ -127,18 +135,18 @@ class FileSink(TwoPhaseCommitSink[dict, FileTransaction]):
             raise ConfigurationError(f"twophase-file: option 'path'={self.root!r} is not writable; give a writable directory")
 
     def transaction_log(self) -> TransactionLog:
-        location = self.options.log_location or os.path.join(self.root, INTERNAL_DIR, "log")
+        location = self.options.log_location or os.path.join(self.root, self.internal_rel, "log")
         return TransactionLog.open(location, self.sink_id, retain=self.options.log_retain)
 
     # ---- executor side
 
     @property
     def _staging(self) -> str:
-        return os.path.join(self.root, INTERNAL_DIR, "staging")
+        return os.path.join(self.root, self.internal_rel, "staging")
 
     def begin_transaction(self, context: TransactionContext) -> FileTransaction:
         if self.guarantee is Guarantee.EXACTLY_ONCE:
-            rel = f"{INTERNAL_DIR}/staging/{context.checkpoint_id:020d}/{context.task_id}-{context.attempt_uid}"
+            rel = f"{self.internal_rel}/staging/{context.checkpoint_id:020d}/{context.task_id}-{context.attempt_uid}"
         else:
             rel = ""
         return FileTransaction(context=context, attempt_rel=rel)
@@ -159,7 +167,7 @@ class FileSink(TwoPhaseCommitSink[dict, FileTransaction]):
         else:  # at-least-once: written next to its final name, hidden until the task finishes
             staged_rel = f"{part_rel + '/' if part_rel else ''}.{name}.inprogress"
         path = os.path.join(self.root, staged_rel)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        makedirs_durable(os.path.dirname(path))
         stream = open(path, "wb")
         writer = open_format_writer(self.options.format, stream, schema, compression=self.options.compression)
         return _OpenFile(staged_rel, final_rel, stream, writer)
@@ -209,7 +217,7 @@ class FileSink(TwoPhaseCommitSink[dict, FileTransaction]):
         for f in handle["files"]:
             staged = os.path.join(self.root, f["staged"])
             final = os.path.join(self.root, f["final"])
-            os.makedirs(os.path.dirname(final), exist_ok=True)
+            makedirs_durable(os.path.dirname(final))
             try:
                 os.link(staged, final)  # invariant 1: atomic, never overwrites
             except FileExistsError:
@@ -240,7 +248,7 @@ class FileSink(TwoPhaseCommitSink[dict, FileTransaction]):
 
     def _remove_attempt_dir(self, handle: Mapping[str, Any]) -> None:
         rel = handle.get("attempt_dir")
-        if rel and rel.startswith(f"{INTERNAL_DIR}/staging/"):
+        if rel and rel.startswith(f"{self.internal_rel}/staging/"):
             path = os.path.join(self.root, rel)
             shutil.rmtree(path, ignore_errors=True)
             with contextlib.suppress(OSError):  # the checkpoint's folder, once its last attempt is gone
@@ -259,7 +267,7 @@ class FileSink(TwoPhaseCommitSink[dict, FileTransaction]):
                 continue
             cdir = os.path.join(self._staging, d)
             for attempt in os.listdir(cdir):
-                if f"{INTERNAL_DIR}/staging/{d}/{attempt}" in kept:
+                if f"{self.internal_rel}/staging/{d}/{attempt}" in kept:
                     continue
                 shutil.rmtree(os.path.join(cdir, attempt), ignore_errors=True)
                 removed += 1

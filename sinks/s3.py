@@ -2,8 +2,10 @@
 
 Layout under ``s3://bucket/prefix``::
 
-    <prefix>/<a=1>/part-<ckpt>-<task>-<attempt>-<seq>.<ext>   objects (visible once their upload completes)
-    <prefix>/_twophase/log/                                   the transaction log (an S3 log store)
+    <prefix>/<a=1>/part-<token>-<ckpt>-<task>-<attempt>-<seq>.<ext>   objects (visible once completed)
+    <prefix>/_twophase/<token>/log/                                   the transaction log (an S3 log store)
+
+``<token>`` is the sink's identity (:mod:`sinks._naming`): sinks sharing a prefix never touch each other.
 
 One transaction (a task's share of a checkpoint) opens one multipart upload per output file:
 
@@ -22,7 +24,8 @@ Invariants (``test_s3_sink_invN_*``):
    before. An unknown upload without that object raises :class:`~twophase.errors.DataLossError`.
 3. ``abort`` only aborts uploads; it never deletes an object, so committed data is never touched.
 4. ``abort_lingering(n)`` aborts the in-progress uploads under the prefix of checkpoints ``<= n`` that
-   are not in ``keep`` (crashed tasks, failed attempts): after recovery no orphan upload remains.
+   carry this sink's token and are not in ``keep`` (crashed tasks, failed attempts): after recovery no
+   orphan upload of this sink remains, and no other sink's or tool's upload is ever touched.
 """
 
 from __future__ import annotations
@@ -31,15 +34,15 @@ import binascii
 import contextlib
 import hashlib
 import io
-import re
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Collection, Mapping, Optional
 
 import pyarrow as pa
 
+from sinks._naming import internal_rel, own_part_checkpoint, part_file_name
 from sinks._formats import (EXTENSIONS, FORMATS, FileLikeTransaction, FormatWriter, open_format_writer,
-                            part_file_name, write_rolling)
+                            write_rolling)
 from twophase._logging import get_logger
 from twophase.errors import CommitFailedError, ConfigurationError, DataLossError, TransientSinkError
 from twophase.log import TransactionLog
@@ -49,10 +52,9 @@ from twophase.sink import Guarantee, TransactionContext, TwoPhaseCommitSink
 
 _log = get_logger(__name__)
 
-INTERNAL_DIR = "_twophase"
 MIN_PART_SIZE = 5 << 20
 #: part-<checkpoint>-<task>-<attempt uid>-<seq>.<ext>: the names this project gives its objects
-OBJECT_NAME = re.compile(r"^part-(\d{8,})-([^-/]+)-([0-9a-f]{12})-(\d{3,})\.[a-z.]+$")
+
 
 S3_CLIENT_OPTIONS: tuple[Option[Any], ...] = (
     Option("s3.endpoint", str, help="S3 endpoint URL (default: boto3's, e.g. AWS_ENDPOINT_URL)"),
@@ -262,15 +264,16 @@ def abort_upload(client: Any, bucket: str, key: str, upload_id: str) -> bool:
         raise TransientSinkError(f"cannot abort upload {upload_id} of s3://{bucket}/{key}: {e}") from e
 
 
-def abort_lingering_uploads(client: Any, bucket: str, prefix: str, up_to_checkpoint: int,
+def abort_lingering_uploads(client: Any, bucket: str, prefix: str, sink_id: str, up_to_checkpoint: int,
                             keep_upload_ids: Collection[str]) -> int:
-    """Abort uploads under ``prefix`` named by this project for checkpoints ``<= up_to`` (invariant 4)."""
+    """Abort uploads under ``prefix`` that THIS sink named (its token) for checkpoints ``<= up_to``
+    (invariant 4): never another sink's, another tool's or another query's upload."""
     aborted = 0
     pfx = f"{prefix}/" if prefix else ""
     for page in client.get_paginator("list_multipart_uploads").paginate(Bucket=bucket, Prefix=pfx):
         for up in page.get("Uploads", ()):
-            m = OBJECT_NAME.match(up["Key"].rsplit("/", 1)[-1])
-            if m is None or int(m.group(1)) > up_to_checkpoint or up["UploadId"] in keep_upload_ids:
+            cid = own_part_checkpoint(up["Key"].rsplit("/", 1)[-1], sink_id)
+            if cid is None or cid > up_to_checkpoint or up["UploadId"] in keep_upload_ids:
                 continue
             if abort_upload(client, bucket, up["Key"], up["UploadId"]):
                 aborted += 1
@@ -278,7 +281,7 @@ def abort_lingering_uploads(client: Any, bucket: str, prefix: str, up_to_checkpo
 
 
 def object_name(context: TransactionContext, seq: int, ext: str) -> str:
-    return part_file_name(context.checkpoint_id, context.task_id, context.attempt_uid, seq, ext)
+    return part_file_name(context.sink_id, context.checkpoint_id, context.task_id, context.attempt_uid, seq, ext)
 
 
 @dataclass
@@ -332,7 +335,7 @@ class S3Sink(TwoPhaseCommitSink[dict, S3Transaction]):
         check_bucket(self.client, self.options.bucket, sink="twophase-s3", url=self.options.url)
 
     def transaction_log(self) -> TransactionLog:
-        loc = self.options.log_location or f"{self.options.url}/{INTERNAL_DIR}/log"
+        loc = self.options.log_location or f"{self.options.url}/{internal_rel(self.sink_id)}/log"
         return TransactionLog(open_log_store(loc, self.options.s3), self.sink_id, retain=self.options.log_retain)
 
     # ---- executor side
@@ -402,7 +405,8 @@ class S3Sink(TwoPhaseCommitSink[dict, S3Transaction]):
     def abort_lingering(self, up_to_checkpoint: int, keep: Collection[Mapping[str, Any]] = ()) -> int:
         """Abort uploads of checkpoints ``<= up_to_checkpoint`` that no handle in ``keep`` owns (invariant 4)."""
         kept = {u["upload_id"] for h in keep for u in h.get("uploads", ())}
-        n = abort_lingering_uploads(self.client, self.options.bucket, self.options.prefix, up_to_checkpoint, kept)
+        n = abort_lingering_uploads(self.client, self.options.bucket, self.options.prefix, self.sink_id,
+                                    up_to_checkpoint, kept)
         if n:
             _log.info("lingering_aborted", sink_id=self.sink_id, up_to=up_to_checkpoint, uploads=n)
         return n

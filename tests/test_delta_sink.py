@@ -65,16 +65,20 @@ def test_delta_sink_inv3_abort_deletes_only_the_handles_files(sink) -> None:
 
 
 def test_delta_sink_inv4_abort_lingering_deletes_unreferenced_files_once(sink) -> None:
-    co = CheckpointCoordinator(sink)
+    co = CheckpointCoordinator(sink, sweep_after_commit=False)
     co.complete_batch(0, run_checkpoint(sink, 0))
-    committed = set(sink.files.list_data())
     run_checkpoint(sink, 1)  # a crashed attempt: files without a commit
     assert sink.abort_lingering(0) == 0  # checkpoint 1 is not <= 0
-    assert sink.abort_lingering(1) == 4
-    assert set(sink.files.list_data()) == committed
-    assert DeltaTable(sink.uri).to_pyarrow_table().num_rows == 20
-    run_checkpoint(sink, 1)
-    assert sink.abort_lingering(1) == 0  # checkpoint 1 was scanned already (watermark)
+    assert sink.abort_lingering(1) == 0  # no final record of checkpoint 1 proves its files orphaned: kept
+    run_checkpoint(sink, 2)  # another crashed attempt, then the re-run of checkpoint 2 commits
+    co.complete_batch(2, run_checkpoint(sink, 2))
+    committed = {f["rel"] for cid in (0, 2) for h in sink.transaction_log().get(cid).handles.values()
+                 for f in h["files"]}
+    assert sink.abort_lingering(2) == 4  # the crashed attempt of 2; checkpoint 1 has still no record
+    assert {r for r in sink.files.list_data() if "-00000001-" not in r} == committed
+    assert DeltaTable(sink.uri).to_pyarrow_table().num_rows == 40
+    run_checkpoint(sink, 2)
+    assert sink.abort_lingering(2) == 0  # checkpoint 2 was scanned already (watermark)
 
 
 def test_delta_sink_inv5_schema_checks(sink, tmp_path) -> None:

@@ -104,7 +104,7 @@ def test_file_sink_with_coordinator_rerun_and_duplicate_ack(sink):
     rerun = [prepare(sink, 0, str(t), t * 10, t * 10 + 10) for t in range(3)]
     assert CheckpointCoordinator(sink, log).complete_batch(0, rerun) == "ALREADY_COMMITTED"
     assert visible_ids(sink.root) == list(range(30))
-    assert os.listdir(os.path.join(sink.root, "_twophase", "staging")) == []
+    assert os.listdir(sink._staging) == []
     assert log.get(0).state is CheckpointState.COMMITTED
 
 

@@ -8,7 +8,8 @@ import pickle
 import pyarrow as pa
 import pytest
 
-from sinks.s3 import OBJECT_NAME, S3Sink, S3SinkOptions, multipart_etag, object_name
+from sinks._naming import own_part_checkpoint
+from sinks.s3 import S3Sink, S3SinkOptions, multipart_etag, object_name
 from twophase.errors import ConfigurationError
 from twophase.log import open_store
 from twophase.log_s3 import S3Config, S3LogStore, parse_s3_url
@@ -49,11 +50,11 @@ def test_s3_multipart_etag_is_md5_of_part_md5s() -> None:
     assert multipart_etag(etags) == want
 
 
-def test_s3_object_names_carry_the_checkpoint_id() -> None:
+def test_s3_object_names_carry_the_sink_and_the_checkpoint_id() -> None:
     name = object_name(TransactionContext("s", 42, "3", attempt_uid="0123456789ab"), 7, "parquet")
-    m = OBJECT_NAME.match(name)
-    assert m and int(m.group(1)) == 42 and m.group(3) == "0123456789ab"
-    assert OBJECT_NAME.match("data.parquet") is None
+    assert own_part_checkpoint(name, "s") == 42 and "0123456789ab" in name
+    assert own_part_checkpoint(name, "another sink") is None  # a sweep by another sink never matches it
+    assert own_part_checkpoint("data.parquet", "s") is None
 
 
 def test_s3_sink_and_log_store_pickle_without_a_client() -> None:

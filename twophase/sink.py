@@ -26,13 +26,17 @@ Invariants every sink must keep (named in tests as ``test_sink_invN_*``):
 4. A handle is JSON-serializable and self-sufficient: the driver commits it in another process
    than the one that wrote it, possibly after the writer died.
 5. ``abort_lingering(up_to, keep)`` aborts only transactions of checkpoints ``<= up_to`` that are not
-   in ``keep``; it never aborts a transaction that a newer checkpoint may still ack.
+   in ``keep``; it never aborts a transaction that a newer checkpoint may still ack, and it removes
+   only what it can prove is its own: every name a sink creates carries :func:`sink_token` of its
+   sink id, and a sweep matches that token, never a bare name pattern (another sink, another query
+   may write into the same folder, bucket or table).
 """
 
 from __future__ import annotations
 
 import abc
 import enum
+import hashlib
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -47,6 +51,12 @@ _log = get_logger(__name__)
 
 H = TypeVar("H", bound=Mapping[str, Any])
 T = TypeVar("T")
+
+
+def sink_token(sink_id: str) -> str:
+    """A short, stable digest of ``sink_id`` (12 hex digits) that every name a sink creates carries
+    (invariant 5: a sink sweeps only names with its own token)."""
+    return hashlib.sha256(sink_id.encode()).hexdigest()[:12]
 
 
 class Guarantee(str, enum.Enum):

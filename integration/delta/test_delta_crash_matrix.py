@@ -13,6 +13,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
+from sinks._naming import default_log_location
 from _support import S3Server, assert_exactly_once, crash_chain, log_states
 
 pytestmark = [pytest.mark.spark, pytest.mark.s3, pytest.mark.slow]
@@ -53,5 +54,5 @@ def test_delta_sink_inv1_inv2_inv4_crash_at_every_point_then_exactly_once(s3_ser
                   for o in p.get("Contents", ()) if o["Key"].endswith(".parquet") and "/_" not in o["Key"]}
     assert data_files == referenced, f"orphan data files: {sorted(data_files - referenced)}"
     assert c.list_multipart_uploads(Bucket=bucket, Prefix="table/").get("Uploads", []) == []
-    states = log_states(f"{uri}/_twophase/log", s3_server, sink_id)
+    states = log_states(default_log_location(uri, sink_id), s3_server, sink_id)
     assert states and set(states) <= {"COMMITTED", "ABORTED"}, states

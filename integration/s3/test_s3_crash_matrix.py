@@ -15,6 +15,7 @@ import io
 import pyarrow.parquet as pq
 import pytest
 
+from sinks._naming import default_log_location
 from _support import S3Server, assert_exactly_once, crash_chain, log_states
 
 pytestmark = [pytest.mark.spark, pytest.mark.s3, pytest.mark.slow]
@@ -45,5 +46,6 @@ def test_s3_sink_inv1_inv2_inv4_crash_at_every_point_then_exactly_once(s3_server
     assert_exactly_once(committed_ids(s3_server, bucket, "out"), ids)
     uploads = s3_server.client().list_multipart_uploads(Bucket=bucket, Prefix="out/").get("Uploads", [])
     assert uploads == [], f"orphan uploads after recovery: {[u['Key'] for u in uploads]}"
-    states = log_states(f"s3://{bucket}/out/_twophase/log", s3_server, f"s3:s3://{bucket}/out")
+    states = log_states(default_log_location(f"s3://{bucket}/out", f"s3:s3://{bucket}/out"), s3_server,
+                        f"s3:s3://{bucket}/out")
     assert states and set(states) <= {"COMMITTED", "ABORTED"}, states

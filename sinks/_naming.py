@@ -1,0 +1,48 @@
+"""Names that carry the sink's identity, so that a sweep can prove a name is its own.
+
+Every file, object and staging folder a sink creates is named with its *token* (a short digest of
+the sink id). Two sinks writing into one folder, bucket prefix or Delta table (two queries appending
+to one table is Delta's ordinary multi-writer case) therefore never mistake each other's data for
+their own leftovers (invariant 5 of :mod:`twophase.sink`).
+
+Layout shared by the file, S3 and Delta sinks::
+
+    <root>/_twophase/<token>/log/                              the sink's transaction log (default)
+    <root>/_twophase/<token>/staging/<ckpt>/<task>-<attempt>/  staged files (file sink)
+    <root>/<partition dirs>/part-<token>-<ckpt>-<task>-<attempt>-<seq>.<ext>   data files
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+from twophase.sink import sink_token
+
+INTERNAL_DIR = "_twophase"
+
+_PART = re.compile(r"^part-([0-9a-f]{12})-(\d{8,})-([^-/]+)-([0-9a-f]{12})-(\d{3,})\.[a-z.]+$")
+
+
+def internal_rel(sink_id: str) -> str:
+    """``_twophase/<token>``: the sink's own folder under its root."""
+    return f"{INTERNAL_DIR}/{sink_token(sink_id)}"
+
+
+def default_log_location(root: str, sink_id: str) -> str:
+    """Where a file, S3 or Delta sink rooted at ``root`` keeps its log unless ``log.location`` is given."""
+    return f"{root.rstrip('/')}/{internal_rel(sink_id)}/log"
+
+
+def part_file_name(sink_id: str, checkpoint_id: int, task_id: str, attempt_uid: str, seq: int, ext: str) -> str:
+    """``part-<token>-<checkpoint>-<task>-<attempt>-<seq>.<ext>``: the sink's, unique per attempt."""
+    task = int(task_id) if task_id.isdigit() else task_id
+    return f"part-{sink_token(sink_id)}-{checkpoint_id:08d}-{task:>05}-{attempt_uid}-{seq:03d}.{ext}"
+
+
+def own_part_checkpoint(name: str, sink_id: str) -> Optional[int]:
+    """The checkpoint id of ``name`` (a base name) if this sink made it, else None."""
+    m = _PART.match(name)
+    if m is None or m.group(1) != sink_token(sink_id):
+        return None
+    return int(m.group(2))
