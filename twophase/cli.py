@@ -1,8 +1,14 @@
 """The ``twophase`` command line.
 
 ``twophase log inspect LOCATION [--json] [--sink-id ID]`` shows every checkpoint of a transaction log
-with its state, handles and timings. LOCATION is the log directory, or a file sink's output path
-(its log is under ``_twophase/log``).
+with its state, handles and timings. LOCATION is the log directory, or a file or Delta sink's output
+path (its logs are under ``_twophase/<token>/log``, one per sink id; ``--sink-id`` picks one when
+several sinks write there).
+
+``twophase log resolve LOCATION --checkpoint N --accept-loss [--sink-id ID] [--reason TEXT]`` is the
+operator's way out of a checkpoint that can never be committed (its transactions expired or were
+deleted: recovery raises DataLossError at every restart): it records the checkpoint as LOST, with the
+reason, in the log. The loss is then recorded, never silent, and the query can go on.
 """
 
 from __future__ import annotations
@@ -18,11 +24,19 @@ from twophase.errors import TwoPhaseError
 from twophase.log import TransactionLog
 
 
-def _resolve_log_location(location: str) -> str:
-    candidate = os.path.join(location, "_twophase", "log")
-    if "://" not in location and os.path.isdir(candidate):
-        return candidate
-    return location
+def _resolve_log_location(location: str, sink_id: Optional[str] = None) -> str:
+    """A log directory as given, or the log of the sink (``sink_id``, or the only one) under an output path."""
+    from sinks._naming import INTERNAL_DIR, default_log_location
+    internal = os.path.join(location, INTERNAL_DIR)
+    if "://" in location or not os.path.isdir(internal):
+        return location
+    if sink_id is not None:
+        return default_log_location(location, sink_id)
+    logs = sorted(os.path.join(internal, t, "log") for t in os.listdir(internal)
+                  if os.path.isdir(os.path.join(internal, t, "log")))
+    if len(logs) > 1:
+        raise TwoPhaseError(f"{location} holds the logs of {len(logs)} sinks; name one with --sink-id")
+    return logs[0] if logs else location
 
 
 def _fmt_ts(ts: Optional[float]) -> str:
@@ -31,11 +45,11 @@ def _fmt_ts(ts: Optional[float]) -> str:
 
 def inspect_log(location: str, sink_id: Optional[str] = None) -> dict[str, Any]:
     """Everything the log at ``location`` says, as plain data."""
-    location = _resolve_log_location(location)
+    location = _resolve_log_location(location, sink_id)
     log = TransactionLog.open(location, sink_id or "?")
     owner = log.owner()
-    if sink_id is None and owner is not None:
-        log = TransactionLog.open(location, owner["sink_id"])
+    if sink_id is None:
+        log = TransactionLog.open(location, _recorded_sink_id(location) if log.store.list("checkpoints/") else "?")
     checkpoints = []
     for rec in log.records():
         ts = rec.timestamps
@@ -44,7 +58,37 @@ def inspect_log(location: str, sink_id: Optional[str] = None) -> dict[str, Any]:
         d["commit_ms"] = (round((ts["COMMITTED"] - ts["COMPLETED"]) * 1e3, 3)
                           if "COMMITTED" in ts and "COMPLETED" in ts else None)
         checkpoints.append(d)
-    return {"location": log.location, "owner": owner, "checkpoints": checkpoints}
+    return {"location": log.location, "owner": owner, "query": log.query(), "checkpoints": checkpoints}
+
+
+def _recorded_sink_id(location: str) -> str:
+    """The sink id the log at ``location`` records (its owner record, else its newest record)."""
+    from twophase.log import decode_record
+    log = TransactionLog.open(location, "?")
+    owner = log.owner()
+    if owner is not None:
+        return str(owner["sink_id"])
+    for name in reversed(log.store.list("checkpoints/")):
+        data = log.store.get(name)
+        if data is not None:
+            return str(decode_record(data, name)["sink_id"])
+    raise TwoPhaseError(f"no transaction log at {location}")
+
+
+def resolve_lost(location: str, checkpoint_id: int, reason: str, sink_id: Optional[str] = None) -> dict[str, Any]:
+    """Record COMPLETED checkpoint ``checkpoint_id`` as LOST (see module docstring); returns its record."""
+    from twophase.coordinator import CheckpointCoordinator
+    location = _resolve_log_location(location, sink_id)
+    sink_id = sink_id or _recorded_sink_id(location)
+    log = TransactionLog.open(location, sink_id)
+    return CheckpointCoordinator(_NoSink(sink_id), log).resolve_lost(checkpoint_id, reason).to_json()
+
+
+class _NoSink:
+    """Resolving a loss touches only the log, never the sink's data."""
+
+    def __init__(self, sink_id: str) -> None:
+        self.sink_id = sink_id
 
 
 def _print_table(info: dict[str, Any], out: Any) -> None:
@@ -74,6 +118,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     insp.add_argument("location", help="log directory, or a twophase-file output path")
     insp.add_argument("--json", action="store_true", help="print JSON instead of a table")
     insp.add_argument("--sink-id", help="sink id (default: the log's owner record)")
+    res = log_sub.add_parser("resolve", help="record a COMPLETED checkpoint that can never commit as LOST")
+    res.add_argument("location", help="log directory, or a file/Delta sink's output path")
+    res.add_argument("--checkpoint", type=int, required=True, help="the checkpoint (batch) id DataLossError named")
+    res.add_argument("--accept-loss", action="store_true",
+                     help="required: you accept that records of this checkpoint are missing from the sink")
+    res.add_argument("--reason", default="operator accepted the loss", help="recorded with the checkpoint")
+    res.add_argument("--sink-id", help="sink id (default: the log's owner record)")
     args = parser.parse_args(argv)
     try:
         if args.command == "log" and args.log_command == "inspect":
@@ -83,6 +134,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 sys.stdout.write("\n")
             else:
                 _print_table(info, sys.stdout)
+            return 0
+        if args.command == "log" and args.log_command == "resolve":
+            if not args.accept_loss:
+                sys.stderr.write("twophase: resolve records data loss; repeat with --accept-loss if that is what you "
+                                 "accept (check the sink first: DataLossError names the records)\n")
+                return 2
+            rec = resolve_lost(args.location, args.checkpoint, args.reason, args.sink_id)
+            sys.stdout.write(f"checkpoint {rec['checkpoint_id']} recorded as {rec['state']}: {rec['reason']}\n")
             return 0
     except TwoPhaseError as e:
         sys.stderr.write(f"twophase: {e}\n")
