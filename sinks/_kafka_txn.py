@@ -12,6 +12,11 @@ transaction-coordinator protocol itself, over kafka-python's admin client connec
   the id had open (this is how ``init_transactions`` fences zombies).
 - ``ListTransactions`` lists the transactional ids a broker coordinates (KIP-664, Kafka 3.0+);
   ``None`` is returned where the broker does not support it.
+- ``DescribeTransactions`` tells, per transactional id, its state (``Empty``, ``Ongoing``,
+  ``PrepareCommit``, ``CompleteCommit``, ...), producer id and epoch (KIP-664); the sink probes ids
+  with it before it initialises one (:meth:`TxnClient.describe`; ``None`` where unsupported).
+- ``InitProducerId`` with a transaction timeout above the broker's ``transaction.max.timeout.ms``
+  answers INVALID_TRANSACTION_TIMEOUT: :meth:`TxnClient.accepts_timeout` asks that once, on the driver.
 
 Outcomes of EndTxn are classified into :class:`EndTxnOutcome` so the sink decides in one place.
 """
@@ -21,6 +26,7 @@ from __future__ import annotations
 import enum
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional
 
 from twophase._logging import get_logger
@@ -30,6 +36,7 @@ try:
     import kafka.errors as Errors
     from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
     from kafka.protocol.metadata import CoordinatorType
+    from kafka.protocol.admin.transactions import DescribeTransactionsRequest
     from kafka.protocol.producer import EndTxnRequest, InitProducerIdRequest
 except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise MissingDependencyError("the Kafka sink and source need kafka-python: pip install 'twophase[kafka]'") from e
@@ -49,6 +56,24 @@ class EndTxnOutcome(str, enum.Enum):
 
     OK = "OK"            # done (or done before: a repeated EndTxn with the same epoch)
     FENCED = "FENCED"    # the epoch is stale: fenced, expired or otherwise ended by someone else
+
+
+#: states in which a transactional id has a transaction open (its data may still be committed)
+OPEN_STATES = frozenset({"Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence"})
+
+
+@dataclass(frozen=True)
+class TxnState:
+    """What DescribeTransactions says about one transactional id."""
+
+    state: str
+    producer_id: int
+    epoch: int
+    start_ms: int = -1
+
+    @property
+    def is_open(self) -> bool:
+        return self.state in OPEN_STATES
 
 
 class TxnClient:
@@ -150,6 +175,75 @@ class TxnClient:
                 continue
             raise TransientSinkError(f"twophase-kafka: fencing transactional id {transactional_id!r} failed: "
                                      f"{error.__name__}")
+
+    def describe(self, transactional_ids: Iterable[str]) -> Optional[dict[str, Optional[TxnState]]]:
+        """``{id: TxnState or None (unknown to the coordinator)}``; None if the broker cannot describe.
+
+        Retriable coordinator errors are retried for ``retry_deadline_s``, then TransientSinkError.
+        """
+        ids = list(transactional_ids)
+        if not ids:
+            return {}
+        deadline = time.monotonic() + self.retry_deadline_s
+        while True:
+            async def go() -> dict[str, Any]:
+                coords = await self.admin._find_coordinator_ids(ids, key_type=CoordinatorType.TRANSACTION)
+                by_node: dict[int, list[str]] = {}
+                for tid, node in coords.items():
+                    by_node.setdefault(node, []).append(tid)
+                rows: dict[str, Any] = {}
+                for node, tids in by_node.items():
+                    response = await self.admin._manager.send(
+                        DescribeTransactionsRequest(transactional_ids=tids), node_id=node)
+                    for row in response.transaction_states:
+                        rows[row.transactional_id] = row
+                return rows
+            try:
+                rows = self.admin._manager.run(go)
+            except (Errors.UnsupportedVersionError, Errors.IncompatibleBrokerVersion, NotImplementedError) as e:
+                _log.info("describe_transactions_unsupported", error=str(e))
+                return None
+            except (Errors.KafkaConnectionError, Errors.NodeNotReadyError, Errors.KafkaTimeoutError,
+                    Errors.RequestTimedOutError, *_RETRIABLE) as e:
+                if time.monotonic() > deadline:
+                    raise TransientSinkError(f"twophase-kafka: DescribeTransactions still failing with "
+                                             f"{type(e).__name__} after {self.retry_deadline_s}s") from e
+                for tid in ids:
+                    self._forget_coordinator(tid)
+                time.sleep(0.1)
+                continue
+            out: dict[str, Optional[TxnState]] = {}
+            retry = False
+            for tid in ids:
+                row = rows.get(tid)
+                error = Errors.for_code(row.error_code) if row is not None else Errors.TransactionalIdNotFoundError
+                if error is Errors.NoError:
+                    out[tid] = TxnState(str(row.transaction_state), int(row.producer_id), int(row.producer_epoch),
+                                        int(row.transaction_start_time_ms))
+                elif error is Errors.TransactionalIdNotFoundError:
+                    out[tid] = None
+                elif error in _RETRIABLE:
+                    self._forget_coordinator(tid)
+                    retry = True
+                else:
+                    raise TransientSinkError(f"twophase-kafka: DescribeTransactions({tid!r}) failed: {error.__name__}")
+            if not retry:
+                return out
+            if time.monotonic() > deadline:
+                raise TransientSinkError(f"twophase-kafka: DescribeTransactions still retrying after "
+                                         f"{self.retry_deadline_s}s")
+            time.sleep(0.1)
+
+    def accepts_timeout(self, transactional_id: str, timeout_ms: int) -> bool:
+        """Whether the broker takes ``timeout_ms`` as a transaction timeout (InitProducerId on
+        ``transactional_id``, which must be an id nothing else uses: it is initialised)."""
+        try:
+            self.fence(transactional_id, timeout_ms)
+        except TransientSinkError as e:
+            if "InvalidTransactionTimeout" in str(e):
+                return False
+            raise
+        return True
 
     def list_transactions(self, prefix: str, states: Iterable[str] = ("Ongoing",)) -> Optional[list[tuple[str, int, str]]]:
         """``[(transactional_id, producer_id, state)]`` under ``prefix``; None if the broker cannot list."""

@@ -2,37 +2,36 @@
 
 Protocol (``# step N`` in the code):
 
-1. begin (executor): a transactional producer for the task's transactional id; ``init_transactions``
-   fences any zombie with that id and aborts what it left open; ``begin_transaction``.
+1. begin (executor): pick the task's transactional id (see below: a slot probed with
+   DescribeTransactions, never one with an open transaction); ``init_transactions`` on it;
+   ``begin_transaction``.
 2. write (executor): every row becomes a record (columns ``key``, ``value``, ``topic``, ``partition``,
-   ``headers`` as in Spark's Kafka sink).
-3. pre_commit (executor): ``flush``; the handle is ``{transactional_id, producer_id, epoch,
-   partitions: [{topic, partition, first_offset, last_offset, records}], records}``. The task ends
-   WITHOUT committing or aborting: the transaction stays open on the broker.
+   ``headers`` as in Spark's Kafka sink); every send gets a callback that counts its acknowledgement.
+3. pre_commit (executor): ``flush``; every record sent must be acknowledged (invariant 6), and the id
+   must still be ours (DescribeTransactions: Ongoing with our producer id and epoch); the handle is
+   ``{transactional_id, producer_id, epoch, partitions: [{topic, partition, first_offset, last_offset,
+   records}], records}``. The task ends WITHOUT committing or aborting: the transaction stays open.
 4. commit (driver): ``EndTxn(commit)`` carrying the handle's id, producer id and epoch, sent by the
    driver's own connection (see :mod:`sinks._kafka_txn`); handles are committed in parallel and the
-   coordinator records COMMITTED in the log.
-5. abort / recovery (driver): ``EndTxn(abort)``; at start-up (prepare_sink, before executors call
-   ``init_transactions``) COMPLETED checkpoints are committed first, then open transactions under the
-   prefix are fenced (ListTransactions where the broker has it, else every id of the known id space:
-   partitions seen in the log x generations x attempt slots) -- only those of the generation of the
-   highest COMMITTED checkpoint, because prepare_sink also runs in the commit worker right before the
-   next checkpoint's commit, whose transactions (the other generation) must survive. Open transactions
-   of the other generation are fenced by the re-run's own ``init_transactions`` (same ids) and, for
-   other attempt slots, by ``abort_lingering`` after that checkpoint commits.
+   coordinator records COMMITTED in the log. The handle's measured age is checked (invariant 7).
+5. abort / recovery (driver): ``EndTxn(abort)``; at start-up (prepare_sink) the broker must accept
+   ``kafka.transaction.timeout.ms`` (else a ConfigurationError naming it and the broker's
+   ``transaction.max.timeout.ms``), COMPLETED checkpoints are committed, then open transactions under
+   the prefix are fenced (ListTransactions where the broker has it, else every id of the known id
+   space: tasks seen in the log x generations x slots) -- only those of the generation of the highest
+   COMMITTED checkpoint, because prepare_sink also runs in the commit worker right before the next
+   checkpoint's commit, whose transactions (the other generation) must survive; the next sweep of
+   that generation (after that checkpoint commits) fences the rest.
 
-Transactional ids: ``<prefix>-<partition>-<generation>-<attempt slot>`` where generation is the
-checkpoint id mod 2 and attempt slot is Spark's task attempt number mod ``transactionalIdAttempts``.
-The id space is bounded (partitions x 2 x slots) and stable across restarts, so a restarted job
-fences the zombies of the crashed one. Why the two extra parts:
-
-- attempt slot: a retried or speculative attempt of the same partition gets ANOTHER id, so it never
-  fences the attempt whose handle the driver commits (Spark commits the first attempt that
-  finished; with a shared id a later-starting speculative copy would abort it: data loss).
-  The losing attempt's transaction is fenced by ``abort_lingering`` after the checkpoint commits.
-- generation: ``abort_lingering(n)`` runs in the commit worker while the transactions of checkpoint
-  ``n+1`` are prepared but not yet acked to the driver. Fencing only ids of generation ``n mod 2``
-  never touches them (Spark runs one micro-batch at a time, so no checkpoint ``n+2`` is in flight).
+Transactional ids: ``<prefix>-<task>-<generation>-<slot>``. ``task`` is the Spark partition or the
+runtime task id (``out-0`` becomes ``out.0``: a task never contains ``-``, so ids of a prefix ``p``
+never parse as ids of ``p-x``); ``generation`` is the checkpoint id mod 2; ``slot`` is one of
+``transactionalIdAttempts`` (default 8) slots. An attempt probes the slots starting at
+``taskAttemptId mod slots`` (Spark's id, unique per application; the runtime gives a random one per
+task attempt) and takes the first whose id has no open transaction (DescribeTransactions: unknown,
+CompleteCommit, CompleteAbort, Dead; then Empty), never one that is Ongoing / Prepare*. If every slot
+is open the task fails (retried by Spark) naming ``transactionalIdAttempts``. The id space is bounded
+(tasks x 2 x slots) and stable across restarts, so recovery finds every lingering id.
 
 Invariants (``test_kafka_sink_invN_*``):
 
@@ -40,21 +39,45 @@ Invariants (``test_kafka_sink_invN_*``):
 2. ``commit`` is idempotent: a repeated EndTxn with the same epoch succeeds; if the epoch was fenced
    or the broker ended the transaction, the records are looked up with a read_committed reader:
    visible means committed before, otherwise :class:`~twophase.errors.DataLossError` naming the
-   checkpoint, transactional id and partitions. Never silently dropped.
+   checkpoint, transactional id, partitions and the operator command
+   ``twophase log resolve <log> --checkpoint N --accept-loss``. Never silently dropped.
 3. ``abort`` never touches committed records (the broker refuses to abort a committed epoch; noida-db
    answers success to an abort after commit and keeps the records, which the tests check).
-4. Attempts of the same partition and checkpoint never share a transactional id (mod
-   ``transactionalIdAttempts``); a fenced producer never un-fences itself (no client-side KIP-360 epoch
-   bump); ``abort_lingering(n)`` fences only ids of generation ``min(n, highest COMMITTED) mod 2``.
+4. No attempt initialises a transactional id whose transaction may still be committed. A handle
+   exists only for a transaction that was Ongoing with records at pre_commit (checked then), and an
+   Ongoing id is never initialised by a probing attempt; so attempts of one partition and checkpoint
+   (retries, speculative copies, a resubmitted stage whose attemptNumber restarted at 0, a runtime
+   task with checkpoints c and c+2 in flight) never abort each other's prepared transaction. The
+   one interleaving a probe cannot see -- attempt B probes slot k before attempt A's first write
+   makes it Ongoing, and B initialises k only after A pre-committed -- needs B to stall between two
+   consecutive requests for A's whole task AND taskAttemptIds congruent mod slots; B then sees an
+   epoch it did not expect (``transactional_id_race``, the task fails) and the driver's commit of
+   A raises DataLossError: loud, never silent. Without DescribeTransactions (Kafka < 3.0) the slot
+   is ``taskAttemptId mod slots`` unprobed. A fenced producer never un-fences itself (no
+   client-side KIP-360 epoch bump). ``abort_lingering(n)`` fences only ids of generation
+   ``min(n, highest COMMITTED) mod 2`` and, in the embedded runtime (one process), never an id this
+   sink object began for a checkpoint ``> n`` that is not decided yet (with max_concurrent >= 2,
+   checkpoint n+2 has n's generation).
 5. A transactional prefix belongs to one query (its checkpoint location): a second one is refused.
+6. Every record sent is accounted for: pre_commit fails the task (TransientSinkError, the
+   transaction is aborted) unless every send was acknowledged -- a batch whose
+   ``delivery.timeout.ms`` expired mid-task while later ones succeeded is never committed short.
+7. ``kafka.transaction.timeout.ms`` defaults to 1 hour (Flink's default; raise the brokers'
+   ``transaction.max.timeout.ms``, Kafka's default is 15 min). At commit, a handle older than 25 % of
+   the timeout logs ``transaction_near_timeout``; older than 50 % (the batch took half the time the
+   broker gives it: one driver outage of the same length and it expires) it is still committed, and
+   the next batch is refused at prepare_sink, before it writes, with an error naming the measured
+   age and the setting, until the timeout is at least twice that age.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import re
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Collection, Mapping, Optional
@@ -71,6 +94,12 @@ from twophase.sink import Guarantee, TransactionContext, TwoPhaseCommitSink
 _log = get_logger(__name__)
 
 SINK = "twophase-kafka"
+
+#: default kafka.transaction.timeout.ms: 1 hour, as Flink (the broker's transaction.max.timeout.ms must allow it)
+DEFAULT_TRANSACTION_TIMEOUT_MS = 3_600_000
+#: invariant 7: a handle older than these fractions of the timeout at commit warns / blocks the next batch
+WARN_AGE_FRACTION = 0.25
+BLOCK_AGE_FRACTION = 0.5
 
 #: Kafka settings the sink owns; setting them through kafka.* is an error that names the replacement
 _RESERVED = {
@@ -99,7 +128,8 @@ KAFKA_SINK_OPTIONS: tuple[Option[Any], ...] = (
     Option("topic", str, help="the topic to write to (or a 'topic' column in the stream)"),
     Option("transactionalIdPrefix", str, help="prefix of the producers' transactional ids; default: the sink id"),
     Option("transactionalIdAttempts", parse_positive_int, 8,
-           help="attempt slots per partition (>= spark.task.maxFailures + speculative copies)"),
+           help="transactional id slots per partition and generation: more than the attempts of one partition "
+                "that can hold an open transaction at once (retries, speculative copies, a resubmitted stage)"),
     Option("triggerInterval", parse_duration_ms,
            help="the query's trigger interval (e.g. '10 seconds'); checked against kafka.transaction.timeout.ms"),
     Option("prefixRegistry", str, help="directory where transactional prefixes are claimed by queries "
@@ -117,7 +147,7 @@ class KafkaSinkOptions:
     producer_config: Mapping[str, Any]
     transactional_id_prefix: str
     attempt_slots: int = 8
-    transaction_timeout_ms: int = 900_000
+    transaction_timeout_ms: int = DEFAULT_TRANSACTION_TIMEOUT_MS
     trigger_interval_ms: Optional[int] = None
     sink_id: str = ""
     guarantee: Guarantee = Guarantee.EXACTLY_ONCE
@@ -167,7 +197,7 @@ class KafkaSinkOptions:
         if not re.fullmatch(r"[A-Za-z0-9._\-]{1,200}", prefix):
             raise ConfigurationError(f"{SINK}: option 'transactionalIdPrefix'={prefix!r} may use only letters, "
                                      "digits, '.', '_' and '-' (at most 200 characters)")
-        timeout = int(cfg.pop("transaction_timeout_ms", 900_000))
+        timeout = int(cfg.pop("transaction_timeout_ms", DEFAULT_TRANSACTION_TIMEOUT_MS))
         if guarantee is Guarantee.EXACTLY_ONCE:
             if cfg.get("enable_idempotence") is False:
                 raise ConfigurationError(f"{SINK}: kafka.enable.idempotence=false cannot be exactly-once; drop it "
@@ -200,16 +230,32 @@ class KafkaSinkOptions:
         return cfg
 
 
-@dataclass
 class _PartitionTrack:
-    first: Any
-    last: Any
-    records: int = 0
+    """Per topic-partition accounting of one transaction (invariant 6): records sent, acknowledged,
+    and the lowest / highest acknowledged offset. ``ack`` runs on the producer's sender thread."""
+
+    __slots__ = ("records", "acked", "first", "last", "lock")
+
+    def __init__(self, lock: threading.Lock) -> None:
+        self.records = 0
+        self.acked = 0
+        self.first: Optional[int] = None
+        self.last: Optional[int] = None
+        self.lock = lock
+
+    def ack(self, metadata: Any) -> None:
+        offset = metadata.offset
+        with self.lock:
+            self.acked += 1
+            if self.first is None or offset < self.first:
+                self.first = offset
+            if self.last is None or offset > self.last:
+                self.last = offset
 
 
 @dataclass
 class KafkaTransaction:
-    """In-task state: the producer and, per topic-partition, the first and last send futures."""
+    """In-task state: the producer and, per topic-partition, what was sent and acknowledged."""
 
     context: TransactionContext
     transactional_id: Optional[str]
@@ -217,6 +263,21 @@ class KafkaTransaction:
     began_at: float
     tracks: dict[tuple[str, int], _PartitionTrack] = field(default_factory=dict)
     records: int = 0
+    errors: list[BaseException] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def fail(self, error: BaseException) -> None:
+        """Errback of every send (sender thread): the record was not written."""
+        with self.lock:
+            self.errors.append(error)
+
+    def settled(self) -> int:
+        with self.lock:
+            return sum(t.acked for t in self.tracks.values()) + len(self.errors)
+
+
+#: (servers, prefix, timeout) the broker accepted in this process (invariant 7, checked once)
+_TIMEOUTS_ACCEPTED: set[tuple[Any, ...]] = set()
 
 
 def _as_bytes(values: list[Any]) -> list[Optional[bytes]]:
@@ -236,6 +297,10 @@ class KafkaSink(TwoPhaseCommitSink[dict, KafkaTransaction]):
         self.guarantee = options.guarantee
         self.prefix = options.transactional_id_prefix
         self.commit_parallelism = options.commit_parallelism
+        # invariant 4 (embedded runtime): ids this object began and whose handle is not decided yet,
+        # -> (checkpoint id, epoch); never pickled (a Spark executor's copy knows only its own)
+        self._live: dict[str, tuple[int, int]] = {}
+        self._live_lock = threading.Lock()
 
     @classmethod
     def from_options(cls, raw: Mapping[str, Any], schema: Any = None) -> "KafkaSink":
@@ -249,13 +314,42 @@ class KafkaSink(TwoPhaseCommitSink[dict, KafkaTransaction]):
 
     # ---- naming (invariant 4)
 
-    def transactional_id(self, partition: int | str, checkpoint_id: int, attempt: int) -> str:
-        """``<prefix>-<partition>-<checkpoint mod 2>-<attempt mod slots>``."""
-        return f"{self.prefix}-{partition}-{checkpoint_id % 2}-{attempt % self.options.attempt_slots}"
+    @staticmethod
+    def task_name(task_id: int | str) -> str:
+        """The task part of a transactional id: never contains ``-`` (``out-0`` -> ``out.0``)."""
+        return re.sub(r"[^A-Za-z0-9._]", "_", str(task_id).replace("-", "."))
 
-    def _parse_id(self, transactional_id: str) -> Optional[tuple[int, int, int]]:
-        m = re.fullmatch(re.escape(self.prefix) + r"-(\d+)-([01])-(\d+)", transactional_id)
-        return None if m is None else (int(m.group(1)), int(m.group(2)), int(m.group(3)))
+    def transactional_id(self, task_id: int | str, checkpoint_id: int, slot: int) -> str:
+        """``<prefix>-<task>-<checkpoint mod 2>-<slot mod slots>`` (see the module docstring)."""
+        return f"{self.prefix}-{self.task_name(task_id)}-{checkpoint_id % 2}-{slot % self.options.attempt_slots}"
+
+    def _parse_id(self, transactional_id: str) -> Optional[tuple[str, int, int]]:
+        """``(task, generation, slot)`` of one of this prefix's ids, else None."""
+        m = re.fullmatch(re.escape(self.prefix) + r"-([A-Za-z0-9._]+)-([01])-(\d+)", transactional_id)
+        return None if m is None else (m.group(1), int(m.group(2)), int(m.group(3)))
+
+    def _candidate_ids(self, context: TransactionContext) -> list[str]:
+        """The task's ids of the checkpoint's generation, from slot ``taskAttemptId mod slots`` on."""
+        uid = context.task_attempt_id if context.task_attempt_id is not None else context.attempt
+        slots = self.options.attempt_slots
+        return [self.transactional_id(context.task_id, context.checkpoint_id, (uid + i) % slots) for i in range(slots)]
+
+    def _choose_id(self, context: TransactionContext) -> tuple[str, Any]:
+        """Invariant 4: the first candidate id with no open transaction, and what the probe saw of it
+        (``None``: unknown id; ``False``: the broker cannot describe, so no probe)."""
+        candidates = self._candidate_ids(context)
+        states = self._client().describe(candidates)
+        if states is None:
+            return candidates[0], False
+        idle = [t for t in candidates if states[t] is None or states[t].state != "Empty" and not states[t].is_open]
+        empty = [t for t in candidates if states[t] is not None and states[t].state == "Empty"]
+        for tid in idle + empty:
+            return tid, states[tid]
+        raise TransientSinkError(
+            f"{SINK}: every transactional id slot of task {context.task_id} for checkpoint {context.checkpoint_id} "
+            f"has an open transaction ({', '.join(candidates)}); they may hold prepared data, so none is "
+            f"re-initialised. Raise option 'transactionalIdAttempts' (now {self.options.attempt_slots}); lingering "
+            "ones are aborted once a checkpoint of that generation commits")
 
     # ---- driver-side set-up
 
@@ -272,6 +366,51 @@ class KafkaSink(TwoPhaseCommitSink[dict, KafkaTransaction]):
                                          f"{','.join(self.options.bootstrap_servers)}; create it first")
         if self.guarantee is Guarantee.EXACTLY_ONCE and self.options.owner:
             self._claim_prefix(self.options.owner)
+        if self.guarantee is Guarantee.EXACTLY_ONCE:
+            self._check_transaction_timeout(client)
+            self._check_age_alarm()
+
+    def _check_transaction_timeout(self, client: Any) -> None:
+        """Invariant 7: the broker must accept the timeout, else fail now on the driver (once per process)."""
+        timeout = self.options.transaction_timeout_ms
+        key = (self.options.bootstrap_servers, self.prefix, timeout)
+        if key in _TIMEOUTS_ACCEPTED:
+            return
+        if not client.accepts_timeout(f"{self.prefix}-timeout-check", timeout):
+            raise ConfigurationError(
+                f"{SINK}: the broker refuses kafka.transaction.timeout.ms={timeout} ms"
+                f"{' (the default, 1 hour)' if timeout == DEFAULT_TRANSACTION_TIMEOUT_MS else ''}: it is above the "
+                "brokers' transaction.max.timeout.ms (Kafka's default is 900000 = 15 min). Raise "
+                f"transaction.max.timeout.ms on the brokers to at least {timeout} (recommended: prepared transactions "
+                "must outlive the longest batch plus any driver outage), or set kafka.transaction.timeout.ms to at "
+                "most the brokers' transaction.max.timeout.ms")
+        _TIMEOUTS_ACCEPTED.add(key)
+
+    def _alarm_path(self) -> str:
+        cluster = hashlib.sha1(",".join(sorted(self.options.bootstrap_servers)).encode()).hexdigest()[:10]
+        return os.path.join(self._registry(), cluster, f"{self.prefix}.timeout-alarm.json")
+
+    def _check_age_alarm(self) -> None:
+        """Invariant 7: refuse the next batch after one came within 50 % of the timeout."""
+        path = self._alarm_path()
+        try:
+            with open(path) as f:
+                alarm = json.load(f)
+        except (OSError, ValueError):
+            return
+        age_ms, timeout = int(alarm.get("age_ms", 0)), self.options.transaction_timeout_ms
+        if age_ms <= BLOCK_AGE_FRACTION * timeout:
+            _log.info("timeout_alarm_cleared", sink_id=self.sink_id, age_ms=age_ms, transaction_timeout_ms=timeout)
+            with contextlib.suppress(OSError):
+                os.remove(path)
+            return
+        raise ConfigurationError(
+            f"{SINK}: checkpoint {alarm.get('checkpoint_id')} kept its Kafka transactions open {age_ms / 1000:.0f}s "
+            f"before the driver committed them, more than half of kafka.transaction.timeout.ms={timeout} ms: a driver "
+            "outage or a slower batch would let the broker abort prepared transactions (data loss). The next batch "
+            f"is refused until kafka.transaction.timeout.ms is at least {2 * age_ms} (and the brokers' "
+            "transaction.max.timeout.ms allows it), or batches are made shorter "
+            f"(then delete {path})")
 
     def _registry(self) -> str:
         if self.options.prefix_registry:
@@ -292,13 +431,16 @@ class KafkaSink(TwoPhaseCommitSink[dict, KafkaTransaction]):
                 f"{current.get('owner')!r}; this query ({owner!r}) would fence its producers. Give this query its "
                 f"own option 'transactionalIdPrefix' (or 'sink.id'); to move the prefix, delete {store.root}") from None
 
-    def transaction_log(self) -> TransactionLog:
+    def log_location(self) -> str:
         location = self.options.log_location
         if not location:
             if not self.options.owner:
                 raise ConfigurationError(f"{SINK}: exactly-once needs option 'checkpointLocation' (or 'log.location')")
             location = os.path.join(self.options.owner, "twophase-kafka", self.prefix)
-        return TransactionLog.open(location, self.sink_id, retain=self.options.log_retain)
+        return location
+
+    def transaction_log(self) -> TransactionLog:
+        return TransactionLog.open(self.log_location(), self.sink_id, retain=self.options.log_retain)
 
     # ---- executor side (steps 1-3)
 
@@ -323,20 +465,44 @@ class KafkaSink(TwoPhaseCommitSink[dict, KafkaTransaction]):
     def begin_transaction(self, context: TransactionContext) -> KafkaTransaction:
         if self.guarantee is Guarantee.AT_LEAST_ONCE:
             return KafkaTransaction(context, None, self._producer(None), time.time())
-        tid = self.transactional_id(context.task_id, context.checkpoint_id, context.attempt)
+        tid, seen = self._choose_id(context)  # step 1 (invariant 4)
         producer = self._producer(tid)
         # A fenced producer must stay fenced: kafka-python (KIP-360) answers INVALID_PRODUCER_EPOCH on a
         # produce by bumping the epoch itself, which would let a zombie abort the transaction of the
         # writer that fenced it (measured with noida-db). Pre-KIP-360 classification makes it fatal.
         producer._transaction_manager._supports_epoch_bump = lambda: False
         try:
-            producer.init_transactions()  # step 1: fences zombies of tid, aborts what they left open
+            producer.init_transactions()  # the id had no open transaction: this aborts nothing pending
+            pe = producer._transaction_manager.producer_id_and_epoch
+            if seen is not False:
+                expected = 0 if seen is None else seen.epoch + 1
+                if pe.epoch != expected and not (seen is not None and pe.producer_id != seen.producer_id):
+                    # someone initialised tid between our probe and our init (invariant 4's one interleaving)
+                    _log.error("transactional_id_race", transactional_id=tid, checkpoint_id=context.checkpoint_id,
+                               task=context.task_id, probed_epoch=None if seen is None else seen.epoch,
+                               epoch=pe.epoch)
+                    raise TransientSinkError(
+                        f"{SINK}: transactional id {tid!r} was initialised by another attempt while this one "
+                        f"started (epoch {pe.epoch}, expected {expected}); failing this attempt")
             producer.begin_transaction()
         except BaseException:
             with contextlib.suppress(Exception):
                 producer.close(timeout=0)
             raise
+        with self._live_lock:
+            self._live[tid] = (context.checkpoint_id, pe.epoch)
+        _log.debug("transaction_begun", transactional_id=tid, checkpoint_id=context.checkpoint_id,
+                   task=context.task_id, task_attempt_id=context.task_attempt_id, epoch=pe.epoch)
         return KafkaTransaction(context, tid, producer, time.time())
+
+    def _forget(self, transactional_id: Optional[str], epoch: Optional[int] = None) -> None:
+        """The id's transaction is decided (or never prepared): no longer protected from sweeps."""
+        if transactional_id is None:
+            return
+        with self._live_lock:
+            live = self._live.get(transactional_id)
+            if live is not None and (epoch is None or live[1] == epoch):
+                del self._live[transactional_id]
 
     def write(self, txn: KafkaTransaction, batch: pa.RecordBatch) -> int:  # step 2
         n = batch.num_rows
@@ -351,6 +517,7 @@ class KafkaSink(TwoPhaseCommitSink[dict, KafkaTransaction]):
         default_topic = self.options.topic
         send = txn.producer.send
         tracks = txn.tracks
+        fail = txn.fail
         for i in range(n):
             topic = (topics[i] if topics is not None and topics[i] is not None else default_topic)
             if topic is None:
@@ -363,11 +530,11 @@ class KafkaSink(TwoPhaseCommitSink[dict, KafkaTransaction]):
             tp = fut._produce_future.topic_partition
             track = tracks.get(tp)
             if track is None:
-                tracks[tp] = _PartitionTrack(fut, fut, 1)
-            else:
-                track.last = fut
-                track.records += 1
-        txn.records += n
+                track = tracks[tp] = _PartitionTrack(txn.lock)
+            track.records += 1
+            txn.records += 1
+            fut.add_callback(track.ack)  # invariant 6: every record is accounted for
+            fut.add_errback(fail)
         return n
 
     def pre_commit(self, txn: KafkaTransaction) -> dict:  # step 3
@@ -376,11 +543,13 @@ class KafkaSink(TwoPhaseCommitSink[dict, KafkaTransaction]):
         tm = getattr(producer, "_transaction_manager", None)
         if tm is not None and tm.has_error():
             raise TransientSinkError(f"{SINK}: transaction {txn.transactional_id!r} failed while writing: {tm.last_error!r}")
+        self._account(txn)
         partitions = []
         for (topic, part), track in sorted(txn.tracks.items()):
-            first, last = track.first.get(timeout=30), track.last.get(timeout=30)
-            partitions.append({"topic": topic, "partition": part, "first_offset": first.offset,
-                               "last_offset": last.offset, "records": track.records})
+            partitions.append({"topic": topic, "partition": part, "first_offset": track.first,
+                               "last_offset": track.last, "records": track.acked})
+        if partitions and txn.transactional_id is not None and tm is not None:
+            self._check_still_ours(txn, tm.producer_id_and_epoch)
         c = txn.context
         handle = {"sink": "kafka", "checkpoint_id": c.checkpoint_id, "task_id": c.task_id,
                   "attempt_uid": c.attempt_uid, "guarantee": self.guarantee.value,
@@ -393,12 +562,41 @@ class KafkaSink(TwoPhaseCommitSink[dict, KafkaTransaction]):
         producer.close(timeout=5)
         return handle
 
+    def _account(self, txn: KafkaTransaction, *, timeout_s: float = 30.0) -> None:
+        """Invariant 6: after flush, every record sent must be acknowledged; else fail the task."""
+        deadline = time.monotonic() + timeout_s
+        while txn.settled() < txn.records and time.monotonic() < deadline:
+            time.sleep(0.01)  # flush returned; callbacks of the last batches may still be running
+        acked = sum(t.acked for t in txn.tracks.values())
+        if txn.errors or acked != txn.records:
+            first = txn.errors[0] if txn.errors else None
+            _log.warning("records_not_acknowledged", transactional_id=txn.transactional_id,
+                         checkpoint_id=txn.context.checkpoint_id, task=txn.context.task_id, records=txn.records,
+                         acknowledged=acked, failed=len(txn.errors), error=repr(first))
+            raise TransientSinkError(
+                f"{SINK}: task {txn.context.task_id} of checkpoint {txn.context.checkpoint_id}: only {acked} of "
+                f"{txn.records} records sent in transaction {txn.transactional_id!r} were acknowledged "
+                f"({len(txn.errors)} failed, first error: {first!r}); the transaction is aborted and the task "
+                "fails rather than commit short (raise kafka.delivery.timeout.ms if the brokers are often slow)")
+
+    def _check_still_ours(self, txn: KafkaTransaction, pe: Any) -> None:
+        """Invariant 4: at pre_commit the id must be Ongoing with our producer id and epoch."""
+        states = self._client().describe([txn.transactional_id])
+        if states is None:
+            return
+        st = states.get(txn.transactional_id)
+        if st is None or st.state != "Ongoing" or (st.producer_id, st.epoch) != (pe.producer_id, pe.epoch):
+            raise TransientSinkError(
+                f"{SINK}: transaction {txn.transactional_id!r} (producer id {pe.producer_id}, epoch {pe.epoch}) is no "
+                f"longer ours at pre-commit (broker: {st}); another attempt initialised the id")
+
     def abort_open(self, txn: KafkaTransaction) -> None:
         with contextlib.suppress(Exception):
             if txn.transactional_id is not None:
                 txn.producer.abort_transaction()
         with contextlib.suppress(Exception):
             txn.producer.close(timeout=0)
+        self._forget(txn.transactional_id)
 
     # ---- driver side (steps 4-5)
 
@@ -411,38 +609,65 @@ class KafkaSink(TwoPhaseCommitSink[dict, KafkaTransaction]):
         outcome = self._client().end_txn(handle["transactional_id"], int(handle["producer_id"]),
                                           int(handle["epoch"]), commit=True)
         if outcome is EndTxnOutcome.OK:
+            self._forget(handle["transactional_id"], int(handle["epoch"]))
             return
         missing = verify_committed(self.options.connection_config(), handle["partitions"])
         if not missing:
             _log.info("commit_already_done", transactional_id=handle["transactional_id"],
                       checkpoint_id=handle.get("checkpoint_id"))
+            self._forget(handle["transactional_id"], int(handle["epoch"]))
             return
         age_s = time.time() - float(handle.get("began_at", time.time()))
+        try:
+            location = self.log_location()
+        except ConfigurationError:
+            location = "<log location>"
         raise DataLossError(
             f"{SINK}: checkpoint {handle.get('checkpoint_id')} task {handle.get('task_id')}: the prepared transaction "
             f"{handle['transactional_id']!r} (producer id {handle['producer_id']}, epoch {handle['epoch']}) was "
             f"aborted by the broker (expired after kafka.transaction.timeout.ms={handle.get('timeout_ms')} ms, or "
             f"fenced) before the driver could commit it; {handle.get('records')} records in partitions "
-            f"{', '.join(missing)} are lost (transaction age {age_s:.0f}s)")
+            f"{', '.join(missing)} are lost (transaction age {age_s:.0f}s). This checkpoint can never commit: after "
+            f"re-producing or giving up that data, record the loss with: twophase log resolve {location} "
+            f"--sink-id {self.sink_id} --checkpoint {handle.get('checkpoint_id')} --accept-loss")
 
     def _check_age(self, handle: Mapping[str, Any]) -> None:
+        """Invariant 7: the measured age of a handle at commit against its transaction timeout."""
         began, timeout = handle.get("began_at"), handle.get("timeout_ms")
-        if began and timeout:
-            age_ms = (time.time() - float(began)) * 1000
-            if age_ms > 0.5 * float(timeout):
-                _log.warning("transaction_near_timeout", transactional_id=handle.get("transactional_id"),
-                             checkpoint_id=handle.get("checkpoint_id"), age_ms=round(age_ms),
-                             transaction_timeout_ms=timeout,
-                             hint="raise kafka.transaction.timeout.ms or make batches shorter")
+        if not began or not timeout:
+            return
+        age_ms = (time.time() - float(began)) * 1000
+        if age_ms <= WARN_AGE_FRACTION * float(timeout):
+            return
+        _log.warning("transaction_near_timeout", transactional_id=handle.get("transactional_id"),
+                     checkpoint_id=handle.get("checkpoint_id"), age_ms=round(age_ms), transaction_timeout_ms=timeout,
+                     hint="raise kafka.transaction.timeout.ms (and the brokers' transaction.max.timeout.ms) "
+                          "or make batches shorter")
+        if age_ms > BLOCK_AGE_FRACTION * float(timeout):
+            path = self._alarm_path()
+            with contextlib.suppress(OSError):
+                previous = json.load(open(path)).get("age_ms", 0) if os.path.exists(path) else 0
+                if age_ms > previous:
+                    os.makedirs(os.path.dirname(path), exist_ok=True)
+                    tmp = f"{path}.{os.getpid()}.tmp"
+                    with open(tmp, "w") as f:
+                        json.dump({"checkpoint_id": handle.get("checkpoint_id"), "age_ms": round(age_ms),
+                                   "transaction_timeout_ms": timeout, "at": time.time()}, f)
+                    os.replace(tmp, path)
+            _log.error("transaction_timeout_danger", transactional_id=handle.get("transactional_id"),
+                       checkpoint_id=handle.get("checkpoint_id"), age_ms=round(age_ms),
+                       transaction_timeout_ms=timeout, next_batch="refused until the timeout is raised")
 
     def abort(self, handle: Mapping[str, Any]) -> None:
         """EndTxn(abort); a fenced epoch means it is already ended (invariant 3)."""
         if handle.get("guarantee") == Guarantee.AT_LEAST_ONCE.value or not handle.get("transactional_id"):
             return
         if not handle.get("partitions"):
+            self._forget(handle.get("transactional_id"), handle.get("epoch"))
             return
         self._client().end_txn(handle["transactional_id"], int(handle["producer_id"]), int(handle["epoch"]),
                                commit=False)
+        self._forget(handle["transactional_id"], int(handle["epoch"]))
 
     def abort_lingering(self, up_to_checkpoint: int, keep: Collection[Mapping[str, Any]] = ()) -> int:
         """Fence open transactions of generation ``n mod 2`` under the prefix, n = min(up_to, highest committed).
@@ -458,6 +683,8 @@ class KafkaSink(TwoPhaseCommitSink[dict, KafkaTransaction]):
         n = min(up_to_checkpoint, highest)
         generation = n % 2
         kept = {h.get("transactional_id") for h in keep}
+        with self._live_lock:  # invariant 4: undecided ids of newer checkpoints begun by this object
+            kept |= {tid for tid, (cid, _epoch) in self._live.items() if cid > n}
         client = self._client()
         listed = client.list_transactions(self.prefix + "-")
         if listed is not None:
@@ -477,14 +704,19 @@ class KafkaSink(TwoPhaseCommitSink[dict, KafkaTransaction]):
         return fenced
 
     def _known_id_space(self) -> list[str]:
-        """Every id the sink may have used: partitions seen in the log x 2 generations x attempt slots."""
-        partitions = 0
+        """Every id the sink may have used: tasks seen in the log x 2 generations x slots (Spark
+        partitions 0..max seen; runtime handles ``{"task", "txns": [...]}`` name their tasks)."""
+        partitions, tasks = 0, set()
         for rec in self.transaction_log().records():
             for h in rec.handles.values():
-                task = str(h.get("task_id", ""))
-                if task.isdigit():
-                    partitions = max(partitions, int(task) + 1)
-        return [self.transactional_id(p, g, a) for p in range(partitions) for g in (0, 1)
+                for inner in [h, *(h.get("txns") or ())]:
+                    task = str(inner.get("task_id", ""))
+                    if task.isdigit():
+                        partitions = max(partitions, int(task) + 1)
+                    elif task:
+                        tasks.add(task)
+        tasks |= {str(p) for p in range(partitions)}
+        return [self.transactional_id(t, g, a) for t in sorted(tasks) for g in (0, 1)
                 for a in range(self.options.attempt_slots)]
 
     def close(self) -> None:

@@ -21,7 +21,7 @@ def test_kafka_sink_options_defaults_and_passthrough():
     assert o.bootstrap_servers == ("h1:9092", "h2:9092")
     assert o.producer_config["linger_ms"] == 20 and o.producer_config["compression_type"] == "gzip"
     assert o.transactional_id_prefix == o.sink_id and o.sink_id.startswith("twophase-")
-    assert o.guarantee is Guarantee.EXACTLY_ONCE and o.transaction_timeout_ms == 900_000
+    assert o.guarantee is Guarantee.EXACTLY_ONCE and o.transaction_timeout_ms == 3_600_000  # 1 h (Flink's default)
     # the default prefix is stable for a checkpoint location and differs between two
     assert KafkaSinkOptions.from_options(BASE, SCHEMA).sink_id == o.sink_id
     assert KafkaSinkOptions.from_options({**BASE, "checkpointLocation": "/tmp/ck-b"}, SCHEMA).sink_id != o.sink_id
@@ -62,15 +62,30 @@ def test_kafka_sink_options_trigger_interval_ok_and_duration_parse():
 
 
 def test_kafka_sink_inv4_transactional_ids_bounded_distinct_per_attempt():
+    from twophase.sink import TransactionContext
     sink = KafkaSink.from_options({**BASE, "transactionalIdPrefix": "p", "transactionalIdAttempts": "4"}, SCHEMA)
     ids = {sink.transactional_id(p, c, a) for p in range(3) for c in range(10) for a in range(20)}
-    assert len(ids) == 3 * 2 * 4  # bounded: partitions x generations x attempt slots
-    # attempts 0..3 of one partition and checkpoint never share an id
-    assert len({sink.transactional_id(0, 5, a) for a in range(4)}) == 4
+    assert len(ids) == 3 * 2 * 4  # bounded: partitions x generations x slots
     # consecutive checkpoints use different generations, checkpoints two apart the same ids
     assert sink.transactional_id(1, 6, 0) != sink.transactional_id(1, 7, 0) == sink.transactional_id(1, 9, 0)
-    assert sink._parse_id("p-2-1-3") == (2, 1, 3) and sink._parse_id("p2-1-1-3") is None
-    assert sink._parse_id("p-x-1-3") is None
+    assert sink._parse_id("p-2-1-3") == ("2", 1, 3) and sink._parse_id("p2-1-1-3") is None
+    # runtime task ids: dashes become dots, so an id of prefix p-x never parses as one of prefix p
+    assert sink.transactional_id("out-0", 3, 1) == "p-out.0-1-1" and sink._parse_id("p-out.0-1-1") == ("out.0", 1, 1)
+    assert sink._parse_id("p-x-2-1-3") is None and sink._parse_id("p-timeout-check") is None
+    # the probe starts at taskAttemptId mod slots (not attemptNumber, which restarts in every stage attempt)
+    # and visits every slot once
+    ctx = TransactionContext("s", 5, "0", 0, task_attempt_id=6)
+    cands = sink._candidate_ids(ctx)
+    assert cands[0] == "p-0-1-2" and len(set(cands)) == 4
+    assert sink._candidate_ids(TransactionContext("s", 5, "0", 0, task_attempt_id=7))[0] == "p-0-1-3"
+
+
+def test_kafka_sink_inv7_default_transaction_timeout_is_one_hour():
+    from sinks.kafka import DEFAULT_TRANSACTION_TIMEOUT_MS
+    assert DEFAULT_TRANSACTION_TIMEOUT_MS == 3_600_000
+    assert KafkaSinkOptions.from_options(BASE, SCHEMA).transaction_timeout_ms == 3_600_000
+    o = KafkaSinkOptions.from_options({**BASE, "kafka.transaction.timeout.ms": "900000"}, SCHEMA)
+    assert o.transaction_timeout_ms == 900_000
 
 
 def test_kafka_sink_pickles_without_clients():

@@ -173,3 +173,44 @@ def end_offsets(bootstrap: str, topic: str, isolation: str = "read_uncommitted")
         return {tp.partition: o for tp, o in c.end_offsets(tps).items()}
     finally:
         c.close()
+
+
+def listening_pid(bootstrap: str) -> Optional[int]:
+    """PID of the process on THIS host that listens on ``bootstrap``'s (first) port, or None.
+
+    This is the broker server itself (the socket owner), never a wrapper script that started it:
+    SIGSTOP on it really pauses the broker. None for a remote broker or one owned by another user.
+    """
+    host, _, port = bootstrap.split(",")[0].strip().rpartition(":")
+    if host not in ("127.0.0.1", "localhost", "0.0.0.0", "::1", socket.gethostname()):
+        return None
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as f:
+            for line in f.readlines()[1:]:
+                cols = line.split()
+                if int(cols[1].rsplit(":", 1)[1], 16) == int(port) and cols[3] == "0A":  # LISTEN
+                    inodes.add(cols[9])
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{entry}/fd"):
+                link = os.readlink(f"/proc/{entry}/fd/{fd}")
+                if link.startswith("socket:[") and link[8:-1] in inodes:
+                    return int(entry)
+    return None
+
+
+@contextlib.contextmanager
+def broker_paused(bootstrap: str) -> Iterator[None]:
+    """SIGSTOP the broker server for the duration of the block (SIGCONT afterwards, always)."""
+    pid = listening_pid(bootstrap)
+    if pid is None:
+        import pytest
+        pytest.skip(f"cannot pause the broker at {bootstrap}: no local process of ours listens on it")
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)

@@ -1,6 +1,7 @@
-"""A task attempt that fails mid-write is retried by Spark under ANOTHER transactional id (attempt slot):
-the retry never fences a committed attempt, the failed attempt's records never become visible, and the
-output holds every record exactly once. Own module: it needs task retries (master local[2,3])."""
+"""A task attempt that fails mid-write is retried by Spark under ANOTHER transactional id: the broker's
+list of ids used under the prefix shows one per attempt of the failed partition (two attempts sharing an
+id fails the test), the failed attempt's records never become visible, and the output holds every
+record exactly once. Own module: it needs task retries (master local[2,3])."""
 
 from __future__ import annotations
 
@@ -49,11 +50,22 @@ def test_kafka_sink_inv4_retried_attempt_commits_exactly_once(spark, kafka_boots
     df = (spark.readStream.format("twophase-kafka").option("kafka.bootstrap.servers", kafka_bootstrap)
           .option("subscribe", src).option("startingOffsets", "earliest").load().selectExpr("key", "value"))
     df = df.mapInArrow(fail_first_attempt, df.schema)
+    prefix = unique("retry")
     q = (df.writeStream.format("twophase-kafka").option("kafka.bootstrap.servers", kafka_bootstrap)
          .option("topic", dst).option("checkpointLocation", str(tmp_path / "ck")).option("prefixRegistry", registry)
+         .option("transactionalIdPrefix", prefix).option("kafka.transaction.timeout.ms", "900000")
          .trigger(availableNow=True).start())
     assert q.awaitTermination(180)
     assert q.exception() is None, str(q.exception())
     counts = collections.Counter(r.value for r in read_topic(kafka_bootstrap, dst))
     assert set(counts) == set(expected) and max(counts.values()) == 1
     assert os.path.exists(marker), "attempt 0 did not fail: the retry path was not exercised"
+    # every attempt of partition 0 in batch 0 used its own transactional id (the broker keeps each id it
+    # coordinated, in whatever state): the failed attempt and its retry never shared one
+    from sinks.kafka import KafkaSink
+    sink = KafkaSink.from_options({"kafka.bootstrap.servers": kafka_bootstrap, "topic": dst,
+                                   "transactionalIdPrefix": prefix, "checkpointLocation": str(tmp_path / "ck"),
+                                   "prefixRegistry": registry, "kafka.transaction.timeout.ms": "900000"})
+    used = [tid for tid, _pid, _state in sink._client().list_transactions(prefix + "-", states=())
+            if (sink._parse_id(tid) or (None,))[0] in ("0", 0) and sink._parse_id(tid)[1] == 0]
+    assert len(set(used)) >= 2, f"the attempts of partition 0 shared a transactional id: {used}"

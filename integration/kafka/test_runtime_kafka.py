@@ -18,6 +18,7 @@ from rt_helpers import runner, two_source_job  # noqa: E402
 from integration.kafka.broker import create_topic, read_topic, unique  # noqa: E402
 from sinks.kafka import KafkaSink  # noqa: E402
 from twophase.runtime import FixedDelayRestart  # noqa: E402
+from twophase.sink import TransactionContext  # noqa: E402
 
 pytestmark = pytest.mark.kafka
 
@@ -44,6 +45,7 @@ def test_job_random_task_failure_kafka_sink_exactly_once(tmp_path, bootstrap):
     sink = KafkaSink.from_options({"kafka.bootstrap.servers": bootstrap, "topic": topic,
                                    "prefixRegistry": str(tmp_path / "registry"),
                                    "log.location": str(tmp_path / "log"),
+                                   "kafka.transaction.timeout.ms": "900000",
                                    "checkpointLocation": str(tmp_path / "ck")})
     out = g.vertex("out")
     out.sink = sink
@@ -120,3 +122,88 @@ def test_runtime_kafka_source_to_file_sink_exactly_once_after_a_failure(tmp_path
     ids = read_ids(out)
     assert len(ids) == len(set(ids)), "duplicates after the restart"
     assert set(ids) == expected, "missing records, or aborted ones read"
+
+
+def _runtime_sink(bootstrap: str, tmp_path, topic: str) -> KafkaSink:
+    return KafkaSink.from_options({"kafka.bootstrap.servers": bootstrap, "topic": topic,
+                                   "prefixRegistry": str(tmp_path / "registry"), "log.location": str(tmp_path / "log"),
+                                   "kafka.transaction.timeout.ms": "900000", "transactionalIdPrefix": unique("rt"),
+                                   "checkpointLocation": str(tmp_path / "ck")})
+
+
+def _write(sink: KafkaSink, txn, tag: str, n: int) -> None:
+    import pyarrow as pa
+    sink.write(txn, pa.RecordBatch.from_pylist([{"key": f"{tag}-{i}", "value": f"{tag}-{i}"} for i in range(n)]))
+
+
+def test_kafka_sink_inv4_runtime_two_checkpoints_in_flight_never_abort_a_prepared_one(tmp_path, bootstrap):
+    """The runtime's sink task opens checkpoint c+1's transaction right after pre-committing c; with
+    max_concurrent >= 2 (or a savepoint while c is pending) it pre-commits c+1 and opens c+2 while c
+    is still pending. Opening c+2 must not abort c's prepared transaction, and the sweep after c's
+    commit must not abort c+2's."""
+    topic = create_topic(bootstrap, unique("rt-conc"), partitions=1)
+    sink = _runtime_sink(bootstrap, tmp_path, topic)
+    ctx = lambda c: TransactionContext(sink.sink_id, c, "out-0", 0, task_attempt_id=7)  # noqa: E731
+    t1 = sink.begin_transaction(ctx(1))
+    _write(sink, t1, "c1", 5)
+    h1 = sink.pre_commit(t1)
+    t2 = sink.begin_transaction(ctx(2))
+    _write(sink, t2, "c2", 5)
+    h2 = sink.pre_commit(t2)
+    t3 = sink.begin_transaction(ctx(3))  # checkpoint 1 is still pending
+    _write(sink, t3, "c3", 5)
+    t3.producer.flush()
+    sink.commit(h1)
+    assert sorted(m.value for m in read_topic(bootstrap, topic)) == sorted(f"c1-{i}".encode() for i in range(5))
+    assert len({h1["transactional_id"], h2["transactional_id"], t3.transactional_id}) == 3
+    log = sink.transaction_log()  # as the coordinator records it, then sweeps (step 5)
+    from twophase.states import CheckpointState
+    log.transition(1, CheckpointState.PENDING)
+    log.transition(1, CheckpointState.COMPLETED, handles={"out-0": {"task": "out-0", "sink": "out", "txns": [h1]}})
+    log.transition(1, CheckpointState.COMMITTED)
+    sink.abort_lingering(1, ())
+    h3 = sink.pre_commit(t3)
+    sink.commit(h2)
+    sink.commit(h3)
+    values = sorted(m.value for m in read_topic(bootstrap, topic))
+    assert values == sorted(f"c{c}-{i}".encode() for c in (1, 2, 3) for i in range(5))
+
+
+def test_kafka_sink_inv4_runtime_lingering_transactions_are_found_and_aborted(tmp_path, bootstrap):
+    """Runtime task ids (``out-0``) are part of the transactional id: a transaction a dead job attempt
+    left open is found by the sweep and aborted (it holds back read_committed readers until then)."""
+    topic = create_topic(bootstrap, unique("rt-ling"), partitions=1)
+    sink = _runtime_sink(bootstrap, tmp_path, topic)
+    tid = sink.transactional_id("out-0", 1, 0)
+    assert sink._parse_id(tid) is not None, tid
+    dead = KafkaSink(sink.options)  # the sink object of a job attempt that died (another process)
+    lingering = dead.begin_transaction(TransactionContext(sink.sink_id, 1, "out-0", 0, task_attempt_id=1))
+    _write(dead, lingering, "lingering", 5)
+    lingering.producer.flush()
+    lingering.producer.close(timeout=0)
+    t = sink.begin_transaction(TransactionContext(sink.sink_id, 1, "out-0", 1, task_attempt_id=2))
+    _write(sink, t, "ok", 5)
+    h = sink.pre_commit(t)
+    sink.commit(h)
+    log = sink.transaction_log()
+    from twophase.states import CheckpointState
+    log.transition(1, CheckpointState.PENDING)
+    log.transition(1, CheckpointState.COMPLETED, handles={"out-0": {"task": "out-0", "sink": "out", "txns": [h]}})
+    log.transition(1, CheckpointState.COMMITTED)
+    assert sink.abort_lingering(1, ()) >= 1
+    assert not sink._client().list_transactions(sink.prefix + "-"), "a lingering runtime transaction stayed open"
+    assert sorted(m.value for m in read_topic(bootstrap, topic)) == sorted(f"ok-{i}".encode() for i in range(5))
+
+
+def test_runtime_kafka_sink_max_concurrent_checkpoints_exactly_once(tmp_path, bootstrap):
+    """A whole runtime job with two checkpoints in flight (max_concurrent=2) into Kafka: exactly once."""
+    from twophase.runtime import CheckpointConfig, JobRunner
+    topic = create_topic(bootstrap, unique("rt-mc"), partitions=2)
+    g, _, expected = two_source_job(str(tmp_path / "unused"), n_a=3000, n_b=1000)
+    out = g.vertex("out")
+    out.sink = _runtime_sink(bootstrap, tmp_path, topic)
+    out.to_row = lambda r: {"key": str(r["id"]), "value": json.dumps(r)}
+    JobRunner(g, checkpointing=CheckpointConfig(0.02, mode="aligned", max_concurrent=2, timeout_s=20.0),
+              owner=str(tmp_path / "ck")).run()
+    values = [json.loads(m.value)["id"] for m in read_topic(bootstrap, topic)]
+    assert len(values) == len(set(values)) and set(values) == expected

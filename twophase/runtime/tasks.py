@@ -368,8 +368,10 @@ class SinkTask(InputTask):
         self.run_loop()
 
     def _begin(self) -> None:
+        # task_attempt_id: unique per task attempt (like Spark's taskAttemptId), from the random attempt uid;
+        # sinks that name external transactions per attempt derive the name from it
         ctx = TransactionContext(self.sink.sink_id, self.next_label, f"{self.uid}-{self.subtask}",
-                                 self.info.attempt, self.attempt_uid)
+                                 self.info.attempt, self.attempt_uid, task_attempt_id=int(self.attempt_uid, 16))
         self.txn = Transaction(ctx, self.sink.begin_transaction(ctx))
         self.wrote_in_txn = False
 
