@@ -4,20 +4,26 @@ A micro-batch is a checkpoint. Where each piece runs:
 
 - ``streamWriter()`` runs on the driver (in a planner worker) before EVERY micro-batch and again in
   the commit worker right before ``commit``: it validates options, claims the sink's log for this
-  query (its ``checkpointLocation``), and runs recovery, which is cheap when there is nothing to do.
+  query (its ``checkpointLocation``, and the query's persistent id from ``<checkpointLocation>/metadata``
+  when that is a local path: a deleted and recreated checkpoint is refused before any data moves),
+  and runs recovery, which is cheap when there is nothing to do.
 - ``write()`` runs on executors, once per partition attempt: begin, write, pre_commit; the returned
   commit message is the task's ack and carries the JSON handle. The batch id comes from Spark's
   ``streaming.sql.batchId`` local property.
 - ``commit(messages, batchId)`` runs on the driver in a separate, long-lived Python worker and may be
   called more than once for a batch id; Spark also re-runs a batch whose own commit log entry is
   missing. Nothing is kept in driver globals: every call builds its coordinator from the sink's
-  durable log, which alone decides (see :meth:`CheckpointCoordinator.complete_batch`).
+  durable log, which alone decides (see :meth:`CheckpointCoordinator.complete_batch`). The acks carry
+  the query id the tasks saw (Spark's ``sql.streaming.queryId``), checked against the log's binding
+  wherever the checkpoint lives.
 - ``abort(messages, batchId)`` runs on the driver when a task failed: every prepared handle is aborted.
 """
 
 from __future__ import annotations
 
 import abc
+import json
+import os
 from dataclasses import dataclass, field
 from typing import Any, Iterator, List, Optional
 
@@ -87,8 +93,26 @@ def prepare_sink(sink: TwoPhaseCommitSink[Any, Any], owner: Optional[str], *, wh
             ".option('checkpointLocation', '/path/to/checkpoint') to writeStream (a session-wide "
             "spark.sql.streaming.checkpointLocation is not visible to Python sinks)")
     log = sink.transaction_log()
-    log.claim(owner)
+    log.claim(owner, query_id=checkpoint_query_id(owner))
     CheckpointCoordinator(sink, log).recover()
+
+
+def checkpoint_query_id(checkpoint_location: Optional[str]) -> Optional[str]:
+    """The streaming query's persistent id from ``<checkpointLocation>/metadata`` (Spark writes it when
+    the query starts, before the first batch), when the location is a local path; else None, and the
+    query id the tasks report in their acks binds the log at the first commit instead."""
+    if not checkpoint_location:
+        return None
+    path = checkpoint_location[len("file:"):] if checkpoint_location.startswith("file:") else checkpoint_location
+    if "://" in path:
+        return None
+    if path.startswith("//"):
+        path = path[2:]
+    try:
+        with open(os.path.join(os.path.expanduser(path), "metadata"), encoding="utf-8") as f:
+            return str(json.loads(f.readline())["id"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 class TwoPhaseStreamWriter(DataSourceStreamArrowWriter):

@@ -4,6 +4,10 @@ The returned function runs on the driver for each micro-batch: it recovers the s
 partition's side of the protocol on the executors through ``mapInArrow`` (each task yields its ack
 as one JSON row), then completes checkpoint ``batch_id`` with the coordinator, keyed by batch id
 exactly like the streaming writer, so a re-run batch is never committed twice.
+
+The batch is planned and run once (no ``df.rdd``, which would run it a second time and which Spark
+Connect does not have): ``collect()`` returns one ack per partition or fails, so the acks say which
+tasks took part. A batch with no partitions completes with no handles (and its replay is a no-op).
 """
 
 from __future__ import annotations
@@ -26,7 +30,6 @@ def foreach_batch(sink: TwoPhaseCommitSink[Any, Any], *, owner: str | None = Non
     def write_batch(df: Any, batch_id: int) -> None:
         from twophase.spark.datasource import prepare_sink
         prepare_sink(sink, owner, what="foreach_batch")
-        num_partitions = df.rdd.getNumPartitions()
 
         def task(batches: Iterator[Any]) -> Iterator[Any]:
             import pyarrow as pa
@@ -38,7 +41,10 @@ def foreach_batch(sink: TwoPhaseCommitSink[Any, Any], *, owner: str | None = Non
         if getattr(sink, "guarantee", None) is Guarantee.AT_LEAST_ONCE:
             return
         acks = [Ack.from_json(json.loads(r["ack"])) for r in rows]
+        tasks = sorted(a.task_id for a in acks)
+        if tasks != [str(i) for i in range(len(acks))]:  # one ack per partition 0..n-1, or something is off
+            raise RuntimeError(f"foreach_batch: batch {batch_id} returned acks for partitions {tasks}; expected 0..n-1")
         CheckpointCoordinator(sink, sweep_after_commit=sink.sweep_after_commit).complete_batch(
-            batch_id, acks, expected_tasks=[str(i) for i in range(num_partitions)])
+            batch_id, acks, expected_tasks=tasks)
 
     return write_batch
