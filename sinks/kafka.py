@@ -377,14 +377,18 @@ class KafkaSink(TwoPhaseCommitSink[dict, KafkaTransaction]):
         if key in _TIMEOUTS_ACCEPTED:
             return
         if not client.accepts_timeout(f"{self.prefix}-timeout-check", timeout):
-            raise ConfigurationError(
-                f"{SINK}: the broker refuses kafka.transaction.timeout.ms={timeout} ms"
-                f"{' (the default, 1 hour)' if timeout == DEFAULT_TRANSACTION_TIMEOUT_MS else ''}: it is above the "
-                "brokers' transaction.max.timeout.ms (Kafka's default is 900000 = 15 min). Raise "
-                f"transaction.max.timeout.ms on the brokers to at least {timeout} (recommended: prepared transactions "
-                "must outlive the longest batch plus any driver outage), or set kafka.transaction.timeout.ms to at "
-                "most the brokers' transaction.max.timeout.ms")
+            raise self._timeout_refused()
         _TIMEOUTS_ACCEPTED.add(key)
+
+    def _timeout_refused(self) -> ConfigurationError:
+        timeout = self.options.transaction_timeout_ms
+        return ConfigurationError(
+            f"{SINK}: the broker refuses kafka.transaction.timeout.ms={timeout} ms"
+            f"{' (the default, 1 hour)' if timeout == DEFAULT_TRANSACTION_TIMEOUT_MS else ''}: it is above the "
+            "brokers' transaction.max.timeout.ms (Kafka's default is 900000 = 15 min). Raise "
+            f"transaction.max.timeout.ms on the brokers to at least {timeout} (recommended: prepared transactions "
+            "must outlive the longest batch plus any driver outage), or set kafka.transaction.timeout.ms to at "
+            "most the brokers' transaction.max.timeout.ms")
 
     def _alarm_path(self) -> str:
         cluster = hashlib.sha1(",".join(sorted(self.options.bootstrap_servers)).encode()).hexdigest()[:10]
@@ -485,9 +489,11 @@ class KafkaSink(TwoPhaseCommitSink[dict, KafkaTransaction]):
                         f"{SINK}: transactional id {tid!r} was initialised by another attempt while this one "
                         f"started (epoch {pe.epoch}, expected {expected}); failing this attempt")
             producer.begin_transaction()
-        except BaseException:
+        except BaseException as e:
             with contextlib.suppress(Exception):
                 producer.close(timeout=0)
+            if "InvalidTransactionTimeout" in str(e):  # where prepare_sink did not check it (embedded runtime)
+                raise self._timeout_refused() from e
             raise
         with self._live_lock:
             self._live[tid] = (context.checkpoint_id, pe.epoch)
