@@ -127,6 +127,7 @@ class S3LogStore(LogStore):
         self.bucket, self.prefix = parse_s3_url(location, option="log.location")
         self.config = config or S3Config()
         self._client: Any = None
+        self._unquoted_if_match = False
         digest = hashlib.sha256(self.location.encode()).hexdigest()[:24]
         self._lock = ReentrantFileLock(os.path.join(tempfile.gettempdir(), "twophase-locks", f"s3-{digest}.lock"))
 
@@ -170,13 +171,19 @@ class S3LogStore(LogStore):
             raise self._fail("read", name, e) from e
 
     def put_if_version(self, name: str, data: bytes, version: Optional[str]) -> Optional[str]:  # invariant 3
-        condition = {"IfNoneMatch": "*"} if version is None else {"IfMatch": version}
+        """If-Match takes the quoted ETag (RFC 7232, AWS); radosgw 16 compares it unquoted. The first
+        412 whose object still has ``version`` (a HEAD) switches this store to the unquoted form."""
         for _ in range(5):
+            condition = ({"IfNoneMatch": "*"} if version is None
+                         else {"IfMatch": version.strip('"') if self._unquoted_if_match else version})
             try:
                 return self.client.put_object(Bucket=self.bucket, Key=self._key(name), Body=data, **condition)["ETag"]
             except Exception as e:
                 code = error_code(e)
                 if code in ("PreconditionFailed", "412"):
+                    if version is not None and not self._unquoted_if_match and self._etag(name) == version:
+                        self._unquoted_if_match = True  # the server wants the bare ETag: ask again
+                        continue
                     return None
                 if version is not None and code in ("NoSuchKey", "404"):  # If-Match on a deleted object
                     return None
@@ -184,6 +191,14 @@ class S3LogStore(LogStore):
                     continue
                 raise self._fail("write", name, e) from e
         raise TransientSinkError(f"S3 transaction log {self.location}: {name!r} stays contended; retry")
+
+    def _etag(self, name: str) -> Optional[str]:
+        try:
+            return self.client.head_object(Bucket=self.bucket, Key=self._key(name))["ETag"]
+        except Exception as e:
+            if error_code(e) in ("NoSuchKey", "404", "NotFound"):
+                return None
+            raise self._fail("read", name, e) from e
 
     def put(self, name: str, data: bytes) -> None:  # invariant 1
         try:

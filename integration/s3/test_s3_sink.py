@@ -8,6 +8,7 @@ import pyarrow as pa
 import pytest
 
 from _support import S3Server
+from sinks._naming import own_part_checkpoint
 from sinks.s3 import S3Sink, complete_upload
 from twophase.coordinator import CheckpointCoordinator
 from twophase.errors import ConcurrentWriterError, DataLossError
@@ -119,7 +120,8 @@ def test_s3_sink_inv4_abort_lingering_only_up_to_n(s3_server: S3Server) -> None:
     c = s3_server.client()
     assert len(c.list_multipart_uploads(Bucket=bucket)["Uploads"]) == 2
     assert sink.abort_lingering(1) == 1
-    assert [u["Key"].split("/")[-1][:13] for u in c.list_multipart_uploads(Bucket=bucket)["Uploads"]] == ["part-00000002"]
+    assert [own_part_checkpoint(u["Key"].split("/")[-1], sink.sink_id)
+            for u in c.list_multipart_uploads(Bucket=bucket)["Uploads"]] == [2]
     assert sink.abort_lingering(2) == 1
     assert c.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
 
@@ -132,3 +134,54 @@ def test_s3_sink_at_least_once_completes_at_pre_commit(s3_server: S3Server) -> N
     body = s3_server.client().get_object(Bucket=bucket, Key=s3_server.client().list_objects_v2(
         Bucket=bucket, Prefix="out/part-")["Contents"][0]["Key"])["Body"].read()
     assert body.count(b"\n") == 10
+
+
+def test_s3_log_inv3_transitions_are_compare_and_swap_on_the_server(s3_server: S3Server) -> None:
+    """Two drivers (two stores: no shared flock) read the same PENDING record; the server refuses the
+    second COMPLETED (If-Match), so one checkpoint never has two decisions (log invariant 7)."""
+    from twophase.states import CheckpointState
+    bucket = s3_server.new_bucket()
+    a = TransactionLog(S3LogStore(f"s3://{bucket}/log", config(s3_server)), "s")
+    b = TransactionLog(S3LogStore(f"s3://{bucket}/log", config(s3_server)), "s")
+    a.transition(3, CheckpointState.PENDING)
+    seen_a, seen_b = a.get_versioned(3), b.get_versioned(3)
+    a.transition(3, CheckpointState.COMPLETED, handles={"0": {"h": "a"}}, expected=seen_a)
+    with pytest.raises(ConcurrentWriterError):
+        b.transition(3, CheckpointState.COMPLETED, handles={"0": {"h": "b"}}, expected=seen_b)
+    assert b.get(3).handles == {"0": {"h": "a"}}
+    wins: list[bool] = []
+    barrier = threading.Barrier(6)
+
+    def create(i: int) -> None:
+        log = TransactionLog(S3LogStore(f"s3://{bucket}/log", config(s3_server)), "s")
+        barrier.wait()
+        try:
+            log.transition(7, CheckpointState.PENDING, expected=(None, None), reason=str(i))
+            wins.append(True)
+        except ConcurrentWriterError:
+            wins.append(False)
+    threads = [threading.Thread(target=create, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert wins.count(True) == 1
+
+
+def test_s3_sink_inv4_sweeps_only_its_own_uploads(s3_server: S3Server) -> None:
+    """Two sinks on one prefix, and another tool's upload in the bucket: a sweep aborts only its own."""
+    bucket = s3_server.new_bucket()
+    a = make_sink(s3_server, bucket, **{"sink.id": "a"})
+    b = S3Sink.from_options({"path": f"s3://{bucket}/out", "partSize": "5m", **s3_server.options(), "sink.id": "b"})
+    b.transaction_log().claim("test-b")  # a distinct sink.id on the same prefix: its own log, no refusal
+    client = s3_server.client()
+    foreign = client.create_multipart_upload(Bucket=bucket, Key="out/part-00000001-00000-0123456789ab-000.parquet")
+    b_ack = run_task(b, TransactionContext(b.sink_id, 1, "0"), [rows(1000)])  # pre-committed, not committed
+    CheckpointCoordinator(a).complete_batch(2, [run_task(a, TransactionContext(a.sink_id, 2, "0"), [rows(10)])])
+    a.abort_lingering(5)
+    uploads = {u["UploadId"] for u in client.list_multipart_uploads(Bucket=bucket).get("Uploads", ())}
+    assert foreign["UploadId"] in uploads  # another tool's upload, named like an old twophase one
+    assert {u["upload_id"] for u in b_ack.handle["uploads"]} <= uploads
+    CheckpointCoordinator(b).complete_batch(1, [b_ack])  # B commits its data: nothing of it was swept
+    client.abort_multipart_upload(Bucket=bucket, Key="out/part-00000001-00000-0123456789ab-000.parquet",
+                                  UploadId=foreign["UploadId"])
