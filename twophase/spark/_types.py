@@ -28,8 +28,8 @@ Invariants (``test_types_*`` in ``integration/test_types.py``):
 2. The refusals depend only on the Spark schema, the sink and its format; the value encodings of JSON
    and CSV live in :mod:`sinks._formats` (:func:`sinks._formats.format_problem` says what a file format
    cannot hold), so the file and S3 sinks (and the embedded runtime) share them.
-3. Hive partition columns are restricted to types whose directory name reads back as the same value:
-   strings, integers, booleans, decimals and dates.
+3. Hive partition columns are restricted to types whose directory name (Delta: partition value) reads
+   back as the same value: strings, integers, booleans, dates, and decimals except in Delta.
 """
 
 from __future__ import annotations
@@ -51,6 +51,8 @@ SINK_FORMATS = ("parquet", "json", "csv", "delta", "kafka")
 
 _PARTITION_TYPES = (T.StringType, T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.BooleanType,
                     T.DecimalType, T.DateType)
+#: deltalake (1.x) misreads negative decimal partition values below 1 ('-0.5' -> '0.-5'): no decimals there
+_DELTA_PARTITION_TYPES = tuple(t for t in _PARTITION_TYPES if t is not T.DecimalType)
 
 
 def arrow_schema(schema: T.StructType) -> pa.Schema:
@@ -135,14 +137,15 @@ def check_columns(sink: str, schema: T.StructType, fmt: str, *, partition_by: Se
         if problem is not None:
             raise _refuse(sink, f.name, f.dataType, problem[0], what, problem[1])
     types = {f.name: f.dataType for f in schema.fields}
+    allowed = _DELTA_PARTITION_TYPES if fmt == "delta" else _PARTITION_TYPES
     for c in partition_by:
         dt = types.get(c)
-        if dt is not None and not isinstance(dt, _PARTITION_TYPES):
+        if dt is not None and not isinstance(dt, allowed):
+            kinds = ", ".join(t.typeName() for t in allowed)
             raise ConfigurationError(
                 f"{sink}: option 'partitionBy' names column {c!r} ({dt.simpleString()}), whose values do not read back "
-                "exactly from partition directory names; partition by a column derived from it (e.g. to_date(ts), "
-                "date_format(ts, 'yyyy-MM-dd-HH') or cast(... as string)) or by a string, integer, boolean, decimal "
-                "or date column")
+                "exactly from partition values; partition by a column derived from it (e.g. to_date(ts), "
+                f"date_format(ts, 'yyyy-MM-dd-HH') or cast(... as string)) or by a column of type {kinds}")
 
 
 #: Spark's Kafka sink columns and the types it accepts (key/value: string or binary)
