@@ -67,7 +67,8 @@ Invariants (``test_kafka_sink_invN_*``):
    the timeout logs ``transaction_near_timeout``; older than 50 % (the batch took half the time the
    broker gives it: one driver outage of the same length and it expires) it is still committed, and
    the next batch is refused at prepare_sink, before it writes, with an error naming the measured
-   age and the setting, until the timeout is at least twice that age.
+   age and the setting, until the timeout is at least twice that age (never while a COMPLETED
+   checkpoint awaits recovery: committing it comes first).
 """
 
 from __future__ import annotations
@@ -408,6 +409,14 @@ class KafkaSink(TwoPhaseCommitSink[dict, KafkaTransaction]):
             with contextlib.suppress(OSError):
                 os.remove(path)
             return
+        with contextlib.suppress(Exception):
+            from twophase.states import CheckpointState
+            if any(r.state is CheckpointState.COMPLETED for r in self.transaction_log().unfinished()):
+                # recovery (which follows in prepare_sink) must commit those before they age further:
+                # never block it; the next batch's check refuses to write
+                _log.warning("timeout_alarm_deferred", sink_id=self.sink_id, age_ms=age_ms,
+                             transaction_timeout_ms=timeout, reason="a COMPLETED checkpoint awaits recovery")
+                return
         raise ConfigurationError(
             f"{SINK}: checkpoint {alarm.get('checkpoint_id')} kept its Kafka transactions open {age_ms / 1000:.0f}s "
             f"before the driver committed them, more than half of kafka.transaction.timeout.ms={timeout} ms: a driver "
