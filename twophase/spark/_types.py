@@ -43,7 +43,8 @@ from sinks._formats import format_problem
 from twophase.errors import ConfigurationError
 
 #: the Arrow timezone of ``timestamp`` columns in driver-side schemas: batches carry the session time
-#: zone instead, which names the same instants (Delta and Parquet store UTC either way)
+#: zone instead, which names the same instants (Delta and Parquet store UTC either way). It must be UTC:
+#: deltalake refuses any other zone in a table schema.
 DRIVER_TIMEZONE = "UTC"
 
 #: what a sink's ``format`` may be here: the file formats, plus the Delta and Kafka sinks
@@ -136,6 +137,11 @@ def check_columns(sink: str, schema: T.StructType, fmt: str, *, partition_by: Se
                 problem = (f.name + found[0], found[1])
         if problem is not None:
             raise _refuse(sink, f.name, f.dataType, problem[0], what, problem[1])
+    check_partition_columns(sink, schema, fmt, partition_by)
+
+
+def check_partition_columns(sink: str, schema: T.StructType, fmt: str, partition_by: Sequence[str]) -> None:
+    """Refuse partition columns whose values do not read back from partition values (invariant 3)."""
     types = {f.name: f.dataType for f in schema.fields}
     allowed = _DELTA_PARTITION_TYPES if fmt == "delta" else _PARTITION_TYPES
     for c in partition_by:
@@ -146,6 +152,24 @@ def check_columns(sink: str, schema: T.StructType, fmt: str, *, partition_by: Se
                 f"{sink}: option 'partitionBy' names column {c!r} ({dt.simpleString()}), whose values do not read back "
                 "exactly from partition values; partition by a column derived from it (e.g. to_date(ts), "
                 f"date_format(ts, 'yyyy-MM-dd-HH') or cast(... as string)) or by a column of type {kinds}")
+
+
+#: the sink classes (by module) whose columns :func:`check_sink_columns` knows, and their format
+_SINK_MODULES = {"sinks.files": None, "sinks.s3": None, "sinks.delta": "delta", "sinks.kafka": "kafka"}
+
+
+def check_sink_columns(what: str, sink: Any, schema: T.StructType) -> None:
+    """:func:`check_columns` for a sink built outside a twophase format (``foreach_batch(sink)``): the format
+    comes from the sink (a file or S3 sink's ``format`` option, Delta, Kafka); other sinks are not checked."""
+    module = type(sink).__module__
+    if module not in _SINK_MODULES:
+        return
+    fmt = _SINK_MODULES[module] or sink.options.format
+    if fmt == "kafka":
+        check_kafka_columns(what, schema)
+        return
+    parts = getattr(sink, "partition_by", None) or getattr(sink.options, "partition_by", ())
+    check_columns(what, schema, fmt, partition_by=parts)
 
 
 #: Spark's Kafka sink columns and the types it accepts (key/value: string or binary)

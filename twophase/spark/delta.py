@@ -5,7 +5,7 @@ from __future__ import annotations
 from pyspark.sql.types import StructType
 
 from sinks.delta import DeltaSink
-from twophase.spark._types import arrow_schema, check_columns
+from twophase.spark._types import arrow_schema, check_columns, check_partition_columns
 from twophase.spark.datasource import TwoPhaseSinkDataSource
 
 
@@ -23,5 +23,5 @@ class DeltaDataSource(TwoPhaseSinkDataSource):
     def build_sink(self, schema: StructType) -> DeltaSink:
         check_columns(self.short_name, schema, "delta")  # before the Arrow conversion, which has no form for some types
         sink = DeltaSink.from_options(dict(self.options), arrow_schema(schema))
-        check_columns(self.short_name, schema, "delta", partition_by=sink.options.partition_by)
+        check_partition_columns(self.short_name, schema, "delta", sink.options.partition_by)
         return sink
