@@ -285,3 +285,21 @@ def test_kafka_sink_inv7_batch_close_to_the_timeout_blocks_the_next_batch(env, k
     # raising the timeout (here to 15 min) lets the query go on
     prepare_sink(KafkaSink.from_options({**raw, "kafka.transaction.timeout.ms": "900000"}, SCHEMA), owner,
                  what="test")
+
+
+def test_kafka_sink_inv4_every_slot_open_fails_the_task_never_reinitialises(env, kafka_bootstrap):
+    """With every slot of a task's generation holding an open transaction (possibly prepared data), a
+    new attempt fails naming the option instead of re-initialising one of them."""
+    raw, topic = env
+    sink = KafkaSink.from_options({**raw, "transactionalIdAttempts": "2"}, SCHEMA)
+    held = []
+    for uid in (0, 1):
+        txn = sink.begin_transaction(TransactionContext(sink.sink_id, 2, "0", 0, task_attempt_id=uid))
+        sink.write(txn, _batch(f"held{uid}", 3))
+        held.append(sink.pre_commit(txn))
+    assert len({h["transactional_id"] for h in held}) == 2
+    with pytest.raises(TransientSinkError, match="transactionalIdAttempts"):
+        sink.begin_transaction(TransactionContext(sink.sink_id, 2, "0", 0, task_attempt_id=5))
+    for h in held:  # both prepared transactions survived and commit
+        sink.commit(h)
+    assert len(_values(kafka_bootstrap, topic)) == 6
