@@ -251,7 +251,7 @@ class _Stats:
 
     def __init__(self, schema: pa.Schema) -> None:
         self.num_records = 0
-        self.null_count = {f.name: 0 for f in schema}
+        self.null_count = {f.name: 0 for f in schema if not pa.types.is_nested(f.type)}  # Delta: leaves only
         self.min: dict[str, Any] = {}
         self.max: dict[str, Any] = {}
         self._skip: set[str] = set()
@@ -271,7 +271,7 @@ class _Stats:
             lo, hi = mm["min"], mm["max"]
             if lo is None:
                 continue
-            if isinstance(lo, float) and (math.isnan(lo) or math.isnan(hi) or pc.any(pc.is_nan(col)).as_py()):
+            if isinstance(lo, float) and (not math.isfinite(lo) or not math.isfinite(hi) or pc.any(pc.is_nan(col)).as_py()):
                 self._skip.add(name)
                 self.min.pop(name, None)
                 self.max.pop(name, None)

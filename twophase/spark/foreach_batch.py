@@ -29,6 +29,8 @@ def foreach_batch(sink: TwoPhaseCommitSink[Any, Any], *, owner: str | None = Non
 
     def write_batch(df: Any, batch_id: int) -> None:
         from twophase.spark.datasource import prepare_sink
+        from twophase.spark._types import check_sink_columns
+        check_sink_columns("foreach_batch", sink, df.schema)
         prepare_sink(sink, owner, what="foreach_batch")
 
         def task(batches: Iterator[Any]) -> Iterator[Any]:
