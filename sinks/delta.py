@@ -354,7 +354,7 @@ class DeltaSink(TwoPhaseCommitSink[dict, DeltaTransaction]):
             check_bucket(self.files.client, self.files.bucket, sink="twophase-delta", url=self.uri)
         else:
             try:
-                os.makedirs(self.uri, exist_ok=True)
+                makedirs_durable(self.uri)
             except OSError as e:
                 raise ConfigurationError(f"twophase-delta: option 'path'={self.uri!r} cannot be created: {e.strerror}") from e
         if self.options.schema is not None:

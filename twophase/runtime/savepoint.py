@@ -25,7 +25,7 @@ from typing import Any, Mapping, Optional
 
 from twophase._logging import get_logger
 from twophase.errors import ConfigurationError
-from twophase.log import decode_record, encode_record
+from twophase.log import _fsync_dir, decode_record, encode_record, makedirs_durable
 from twophase.runtime.graph import JobGraph, split_task_id
 
 _log = get_logger(__name__)
@@ -41,7 +41,7 @@ class Savepoint:
     def write(self, path: str) -> str:
         """Write atomically to ``path`` (invariant 1); returns the absolute path."""
         path = os.path.abspath(path)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        makedirs_durable(os.path.dirname(path))
         tmp = f"{path}.tmp-{uuid.uuid4().hex}"
         body = {"job": self.job, "checkpoint_id": self.checkpoint_id, "task_state": dict(self.task_state),
                 "created_at": self.created_at or time.time()}
@@ -50,6 +50,7 @@ class Savepoint:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        _fsync_dir(os.path.dirname(path))  # the rename itself survives a power loss
         return path
 
     @classmethod
