@@ -101,6 +101,8 @@ def test_foreach_batch_empty_batch_completes_and_replays(spark, tmp_path):
     out = str(tmp_path / "out")
     sink = FileSink.from_options({"path": out})
     fn = twophase.spark.foreach_batch(sink, owner=str(tmp_path / "ck"))
+    assert callable(twophase.spark.foreach_batch)  # a second call in one process works too (it did not)
+    twophase.spark.foreach_batch(sink, owner=str(tmp_path / "ck"))
     empty = spark.createDataFrame(spark.sparkContext.emptyRDD(), SCHEMA)
     assert empty.rdd.getNumPartitions() == 0
     fn(empty, 0)

@@ -49,7 +49,7 @@ def register(spark: Any) -> list[str]:
     return names
 
 
-def foreach_batch(sink: Any, *, owner: str | None = None) -> Any:
-    """See :func:`twophase.spark.foreach_batch.foreach_batch`."""
-    from twophase.spark.foreach_batch import foreach_batch as _fb
-    return _fb(sink, owner=owner)
+# Bound here, after the submodule of the same name is imported: a lazy import inside a wrapper function
+# replaced this attribute with the submodule on first use, so a second call raised "'module' object is
+# not callable". The submodule needs no PySpark at import time.
+from twophase.spark.foreach_batch import foreach_batch  # noqa: E402
