@@ -93,7 +93,8 @@ class _NoSink:
 
 def _print_table(info: dict[str, Any], out: Any) -> None:
     owner = info["owner"] or {}
-    out.write(f"log {info['location']}  sink {owner.get('sink_id', '?')}  owner {owner.get('owner', '?')}\n")
+    query = (info.get("query") or {}).get("query_id", "-")
+    out.write(f"log {info['location']}  sink {owner.get('sink_id', '?')}  owner {owner.get('owner', '?')}  query {query}\n")
     header = ("checkpoint", "state", "attempt", "handles", "records", "triggered", "completed", "committed", "commit_ms", "reason")
     rows = []
     for c in info["checkpoints"]:
