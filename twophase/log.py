@@ -177,22 +177,34 @@ class LocalLogStore(LogStore):
         except FileNotFoundError:
             return None
 
+    @staticmethod
+    def _write_temp(path: str, data: bytes) -> str:
+        """``data`` written whole and fsynced to a fresh temporary name beside ``path``; returns that name."""
+        tmp = os.path.join(os.path.dirname(path), f".tmp-{uuid.uuid4().hex}-{os.path.basename(path)}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            write_all(fd, data)
+            os.fsync(fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        finally:
+            os.close(fd)
+        return tmp
+
     def put(self, name: str, data: bytes) -> None:
         path = self._path(name)
         directory = os.path.dirname(path)
-        tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}-{os.path.basename(path)}")
+        tmp = None
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            try:
-                write_all(fd, data)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            tmp = self._write_temp(path, data)
             os.replace(tmp, path)
             _fsync_dir(directory)
         except OSError as e:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
             raise TransientSinkError(f"cannot write log record {path!r}: {e}") from e
 
     def get_versioned(self, name: str) -> tuple[Optional[bytes], Optional[str]]:
@@ -203,6 +215,8 @@ class LocalLogStore(LogStore):
         """Under the flock (which serialises every writer of this directory on this host, and on POSIX
         shared filesystems with working flock), compare the current bytes' hash, then replace."""
         with self._lock.hold():
+            if version is None:  # a new record: the exclusive link, atomic even where flock is not
+                return hashlib.sha256(data).hexdigest() if self.put_if_absent(name, data) else None
             _, current = self.get_versioned(name)
             if current != version:
                 return None
@@ -212,14 +226,8 @@ class LocalLogStore(LogStore):
     def put_if_absent(self, name: str, data: bytes) -> bool:
         path = self._path(name)
         directory = os.path.dirname(path)
-        tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}-{os.path.basename(path)}")
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            try:
-                write_all(fd, data)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            tmp = self._write_temp(path, data)
             try:
                 os.link(tmp, path)  # atomic and exclusive: fails if path exists
                 created = True

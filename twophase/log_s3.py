@@ -207,18 +207,7 @@ class S3LogStore(LogStore):
             raise self._fail("write", name, e) from e
 
     def put_if_absent(self, name: str, data: bytes) -> bool:  # invariant 2
-        for _ in range(5):
-            try:
-                self.client.put_object(Bucket=self.bucket, Key=self._key(name), Body=data, IfNoneMatch="*")
-                return True
-            except Exception as e:
-                code = error_code(e)
-                if code in ("PreconditionFailed", "412"):
-                    return False
-                if code in ("ConditionalRequestConflict", "409"):  # a concurrent put is in flight: ask again
-                    continue
-                raise self._fail("create", name, e) from e
-        raise TransientSinkError(f"S3 transaction log {self.location}: {name!r} stays contended; retry")
+        return self.put_if_version(name, data, None) is not None
 
     def list(self, prefix: str) -> list[str]:
         folder = prefix if not prefix or prefix.endswith("/") else prefix + "/"
