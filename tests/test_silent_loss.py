@@ -251,3 +251,21 @@ def test_coordinator_inv7_data_loss_stops_recovery_until_an_operator_resolves_it
     assert log.highest_committed() == 4 and log.get(3).state is CheckpointState.LOST
     assert main(["log", "inspect", str(tmp_path / "log")]) == 0
     assert "LOST" in capsys.readouterr().out
+
+
+def test_log_inv7_a_zombie_creating_a_pruned_record_is_superseded(tmp_path, monkeypatch) -> None:
+    """A zombie driver listed the log before the live one committed far past batch 3 and pruned its
+    record; the zombie's new record 3 must be aborted, never committed a second time."""
+    from tests.fakes import FakeSink
+    log = TransactionLog(LocalLogStore(str(tmp_path / "log")), "fake", retain=2)
+    sink = FakeSink(log)
+    for cid in range(11):
+        CheckpointCoordinator(sink, log).complete_batch(cid, [sink.prepare(cid, "0", [f"r{cid}"])])
+    assert log.get(3) is None  # pruned
+    zombie_acks = [sink.prepare(3, "0", ["r3-again"])]
+    real = log.highest_committed
+    monkeypatch.setattr(log, "highest_committed", lambda *, fresh=False: real(fresh=True) if fresh else 2)
+    assert CheckpointCoordinator(sink, log).complete_batch(3, zombie_acks) == "ALREADY_COMMITTED"
+    assert sink.visible.count("r3") == 1 and "r3-again" not in sink.visible
+    assert sink.state_of(zombie_acks[0].handle).value == "ABORTED"
+    assert log.get(3).state is CheckpointState.ABORTED
