@@ -1,17 +1,17 @@
 """twophase-file on a real Spark standalone cluster (executors in their own JVMs) under a nemesis.
 
 Each test runs integration/jobs/file_job.py in client mode against the ``spark_master`` cluster, slowed
-down (``--pace``) so that every task spends a few seconds writing, and injects one fault while batch K
-is being written (K and the victim drawn from a seeded RNG; the seed is printed, and
+down (``--pace``) so that every task runs for a second or more, and injects one fault while batch K is
+in flight (K, the moment and the victim drawn from a seeded RNG; the seed is printed, and
 ``TWOPHASE_NEMESIS_SEED=<seed>`` replays it):
 
-* ``executor_jvm``: SIGKILL one executor JVM of the job (CoarseGrainedExecutorBackend);
-* ``python_worker``: SIGKILL one Python worker forked by an executor's ``pyspark.daemon``;
+* ``executor_jvm``: SIGKILL one executor JVM of the job (CoarseGrainedExecutorBackend) while batch K runs;
+* ``python_worker``: SIGKILL one Python worker forked by an executor's ``pyspark.daemon`` while batch K runs;
 * ``protocol_point``: the whole job (driver and its JVM) SIGKILLed at a driver protocol point of
   batch K (``TWOPHASE_FAULT=<point>@K``), then restarted.
 
-After each: every input record exactly once in the output, no staged leftovers, every record of the
-sink's transaction log final (COMMITTED or ABORTED). ``TWOPHASE_NEMESIS=1`` adds a longer campaign
+See ``inject`` for the moments. After each: every input record exactly once in the output, no staged
+leftovers, every record of the sink's transaction log final (COMMITTED or ABORTED). ``TWOPHASE_NEMESIS=1`` adds a longer campaign
 (``TWOPHASE_NEMESIS_ROUNDS`` rounds, default 6, of random faults, several per job).
 """
 
@@ -42,8 +42,8 @@ SEED = int(os.environ.get("TWOPHASE_NEMESIS_SEED") or random.SystemRandom().rand
 #: executor points (write, after_pre_commit) would fire inside an executor's Python worker, whose session
 #: on a cluster is the worker daemon's, so they are not used here.
 DRIVER_POINTS = ("before_complete", "after_complete", "mid_commit", "after_commit")
-FILES, ROWS = 4, 120            # 4 batches of 120 rows, 2 tasks each
-PACE, PACE_ROWS = 0.5, 20       # each task: 60 rows in 3 slices, 0.5 s before each (>= 1.5 s writing)
+FILES, ROWS = 3, 120            # 3 batches of 120 rows, 2 tasks each
+PACE, PACE_ROWS = 0.4, 20       # each task: 60 rows in 3 slices, 0.4 s before each (>= 0.8 s writing)
 JOB_TIMEOUT = 240.0
 WAIT_TIMEOUT = 120.0
 
@@ -179,11 +179,6 @@ def wait_for(what: str, cond: Callable[[], Optional[object]], p: subprocess.Pope
     pytest.fail(f"timed out after {timeout}s waiting for {what}; log:\n{run.tail(n)}")
 
 
-def staged_attempts(out: str, batch: int) -> list[str]:
-    """Staged attempt directories of checkpoint ``batch`` right now (a task of it is writing)."""
-    return [a for a in staging_leftovers(out) if a.split("/")[1] == f"{batch:020d}"]
-
-
 def read_app_id(path: str) -> Optional[str]:
     try:
         with open(path) as f:
@@ -214,45 +209,71 @@ def check_final(run: Run, label: str) -> None:
 
 # ---- the faults
 
-def kill_executor_jvm(app_id: str, rng: random.Random) -> str:
-    victims = executor_jvms(app_id)
-    assert victims, f"no executor JVM of {app_id} on this host"
-    victim = rng.choice(victims)
-    os.kill(victim, signal.SIGKILL)
-    return f"SIGKILL executor JVM {victim} (of {victims})"
+def staged_attempts(out: str, batch: int) -> list[str]:
+    """Staged attempt directories of checkpoint ``batch`` now: tasks of it that wrote and pre-committed."""
+    return [a for a in staging_leftovers(out) if a.split("/")[1] == f"{batch:020d}"]
 
 
-def kill_python_worker(app_id: str, rng: random.Random) -> Optional[str]:
-    candidates = [(e, w) for e in executor_jvms(app_id) for w in python_workers(e)]
-    if not candidates:
+def batch_in_flight(ck: str, batch: int) -> bool:
+    """Spark planned ``batch`` (its offsets are logged) and has not recorded it done (no commit entry)."""
+    return os.path.exists(os.path.join(ck, "offsets", str(batch))) and \
+        not os.path.exists(os.path.join(ck, "commits", str(batch)))
+
+
+def pick_victim(kind: str, app_id: str, rng: random.Random) -> Optional[tuple[int, str]]:
+    """A seeded victim of ``kind`` among the app's executor JVMs or their forked Python workers."""
+    if kind == "executor_jvm":
+        jvms = executor_jvms(app_id)
+        return (rng.choice(jvms), f"executor JVM (of {jvms})") if jvms else None
+    found = sorted((w, e) for e in executor_jvms(app_id) for w in python_workers(e))
+    if not found:
         return None
-    executor, victim = rng.choice(sorted(candidates))
+    worker, executor = rng.choice(found)
+    return worker, f"Python worker of executor JVM {executor} (of {[w for w, _ in found]})"
+
+
+def inject(kind: str, run: Run, app_id: str, batch: int, rng: random.Random, p: subprocess.Popen, n: int) -> str:
+    """SIGKILL, per ``kind``, an executor JVM or a Python worker of the job in the middle of ``batch``.
+
+    The moment is drawn from the seed: ``started`` (the batch is planned and in flight, plus a random
+    0-1.5 s: tasks are reading, pacing or writing) or ``pre_committed`` (a task of the batch has
+    pre-committed its staged files; the batch is not committed yet). Twophase-file writes a task's
+    files in one go once its input is complete, so "a file half written" lasts milliseconds; these two
+    moments are where a real executor loss lands.
+    """
+    moment = rng.choice(("started", "pre_committed"))
+    if moment == "started":
+        wait_for(f"batch {batch} to start", lambda: batch_in_flight(run.ck, batch), p, run, n)
+        time.sleep(rng.uniform(0.0, 1.5))
+    else:
+        wait_for(f"a task of batch {batch} to pre-commit", lambda: staged_attempts(run.out, batch), p, run, n)
+    victim, what = wait_for(f"a {kind} of {app_id}", lambda: pick_victim(kind, app_id, rng), p, run, n, timeout=30)
+    staged = staged_attempts(run.out, batch)
+    in_flight = batch_in_flight(run.ck, batch)
     os.kill(victim, signal.SIGKILL)
-    return f"SIGKILL Python worker {victim} of executor JVM {executor} (of {[w for _, w in candidates]})"
+    return (f"batch {batch} ({moment}; in flight={in_flight}; pre-committed attempts={staged}): "
+            f"SIGKILL {what} {victim}")
 
 
 def run_with_process_fault(run: Run, cluster: SparkCluster, n: int, kind: str, rng: random.Random,
-                           kills: int = 1) -> int:
-    """One job run with ``kills`` process faults of ``kind``, each while a seeded batch is being written."""
+                           batches: Optional[list[int]] = None) -> int:
+    """One job run with a process fault of ``kind`` in the middle of each of ``batches`` (default: one seeded)."""
     p, app_id_file = start_job(run, cluster, n)
     app_id = str(wait_for("the application id", lambda: read_app_id(app_id_file), p, run, n))
-    batches = sorted(rng.sample(range(FILES), kills))
-    for batch in batches:
-        staged = wait_for(f"batch {batch} to be written", lambda: staged_attempts(run.out, batch), p, run, n)
-        if kind == "executor_jvm":
-            done = kill_executor_jvm(app_id, rng)
-        else:
-            done = wait_for(f"a Python worker of {app_id}", lambda: kill_python_worker(app_id, rng), p, run, n,
-                            timeout=30)
-        print(f"[{kind}] batch {batch} mid-write (staged {staged}): {done}")
+    for batch in batches if batches is not None else [rng.randrange(FILES)]:
+        print(f"[{kind}] {inject(kind, run, app_id, batch, rng, p, n)}")
     rc = wait_job(p)
     print(f"[{kind}] job exit code {rc}")
     return rc
 
 
 def run_with_protocol_fault(run: Run, cluster: SparkCluster, n: int, rng: random.Random) -> None:
-    """A whole-job SIGKILL at a seeded driver protocol point of a seeded batch, then a clean restart."""
-    point, batch = rng.choice(DRIVER_POINTS), rng.randrange(FILES)
+    """A whole-job SIGKILL at a seeded driver protocol point of a seeded batch, then a clean restart.
+
+    The batch is never the last one: a crash at ``before_complete`` of the last batch leaves the crashed
+    attempts' staged files behind (see test_crash_before_complete_of_last_batch_leaves_staging, xfail).
+    """
+    point, batch = rng.choice(DRIVER_POINTS), rng.randrange(FILES - 1)
     marker = os.path.join(run.tmp, f"marker-{n}")
     print(f"[protocol_point] TWOPHASE_FAULT={point}@{batch}")
     p, _ = start_job(run, cluster, n, fault=f"{point}@{batch}", marker=marker)
@@ -290,6 +311,31 @@ def test_cluster_file_protocol_point_killed(spark_master: SparkCluster, tmp_path
     check_final(run, "protocol_point")
 
 
+LAST_BATCH_LEFTOVERS = (
+    "twophase-file: after a SIGKILL at before_complete of the LAST batch of a run and a restart, the restart "
+    "re-runs and commits that batch but the crashed run's pre-committed attempts of the same checkpoint stay "
+    "under _twophase/<token>/staging/<checkpoint>/ (found on the cluster with TWOPHASE_NEMESIS_SEED=25: "
+    "staged leftovers 00000000000000000002/0-850bb89a1e0e and /1-e8b6ea979476, log 0..2 all COMMITTED, "
+    "output exactly once). Lingering attempts of a checkpoint are only swept by prepare_sink before the NEXT "
+    "micro-batch (the file sink does not sweep after commit), and a trigger-availableNow run has none. "
+    "Not cluster-specific: reproduced here in local mode.")
+
+
+@pytest.mark.xfail(strict=True, reason=LAST_BATCH_LEFTOVERS)
+def test_crash_before_complete_of_last_batch_leaves_staging(tmp_path) -> None:
+    """Deterministic repro of the leftovers (local mode, to keep this module cheap): 3 batches, crash at
+    before_complete@2, restart; output exactly once, log final, but staged attempts of checkpoint 2 left."""
+    from integration.fileio import run_file_job
+    run = new_run(tmp_path)
+    marker = os.path.join(run.tmp, "marker")
+    rc = run_file_job(run.inp, run.out, run.ck, fault=f"before_complete@{FILES - 1}", marker=marker,
+                      log_path=run.log_path(1), extra=("--partitions", "2"))
+    assert rc == -signal.SIGKILL, f"job was not killed (rc={rc}); log:\n{run.tail(1)}"
+    rc = run_file_job(run.inp, run.out, run.ck, log_path=run.log_path(2), extra=("--partitions", "2"))
+    assert rc == 0, run.tail(2)
+    check_final(run, "last batch before_complete")
+
+
 @pytest.mark.skipif(os.environ.get("TWOPHASE_NEMESIS") != "1", reason="the long campaign: TWOPHASE_NEMESIS=1")
 def test_cluster_file_nemesis_campaign(spark_master: SparkCluster, tmp_path) -> None:
     """Rounds of random faults on one query (one output, one checkpoint, new input each round)."""
@@ -304,7 +350,7 @@ def test_cluster_file_nemesis_campaign(spark_master: SparkCluster, tmp_path) -> 
         print(f"[campaign] round {r}: {kind}")
         if kind == "protocol_point":
             # batch ids continue across rounds: aim at one of this round's batches
-            point, batch = rng.choice(DRIVER_POINTS), r * FILES + rng.randrange(FILES)
+            point, batch = rng.choice(DRIVER_POINTS), r * FILES + rng.randrange(FILES - 1)  # not the last: see xfail
             marker = os.path.join(run.tmp, f"marker-{n}")
             print(f"[campaign] TWOPHASE_FAULT={point}@{batch}")
             p, _ = start_job(run, spark_master, n, fault=f"{point}@{batch}", marker=marker)
@@ -314,22 +360,8 @@ def test_cluster_file_nemesis_campaign(spark_master: SparkCluster, tmp_path) -> 
             rc = wait_job(p)
             n += 2
         else:
-            rc = _campaign_process_round(run, spark_master, n, kind, rng, first_batch=r * FILES)
+            batches = sorted(rng.sample(range(r * FILES, (r + 1) * FILES), 2))
+            rc = run_with_process_fault(run, spark_master, n, kind, rng, batches)
             n += 1
         assert rc == 0, f"round {r} ({kind}) failed (rc={rc})"
         check_final(run, f"campaign round {r}")
-
-
-def _campaign_process_round(run: Run, cluster: SparkCluster, n: int, kind: str, rng: random.Random, *,
-                            first_batch: int) -> int:
-    p, app_id_file = start_job(run, cluster, n)
-    app_id = str(wait_for("the application id", lambda: read_app_id(app_id_file), p, run, n))
-    for batch in sorted(rng.sample(range(first_batch, first_batch + FILES), 2)):
-        wait_for(f"batch {batch} to be written", lambda: staged_attempts(run.out, batch), p, run, n)
-        if kind == "executor_jvm":
-            done = kill_executor_jvm(app_id, rng)
-        else:
-            done = wait_for(f"a Python worker of {app_id}", lambda: kill_python_worker(app_id, rng), p, run, n,
-                            timeout=30)
-        print(f"[campaign] batch {batch}: {done}")
-    return wait_job(p)
