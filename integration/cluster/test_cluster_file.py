@@ -3,7 +3,8 @@
 Each test runs integration/jobs/file_job.py in client mode against the ``spark_master`` cluster, slowed
 down (``--pace``) so that every task runs for a second or more, and injects one fault while batch K is
 in flight (K, the moment and the victim drawn from a seeded RNG; the seed is printed, and
-``TWOPHASE_NEMESIS_SEED=<seed>`` replays it):
+``TWOPHASE_NEMESIS_SEED=<seed>`` replays it). K is never the last batch of a run: a fault there leaves
+staged leftovers (LAST_BATCH_LEFTOVERS, a strict xfail here, reported as a sink bug).
 
 * ``executor_jvm``: SIGKILL one executor JVM of the job (CoarseGrainedExecutorBackend) while batch K runs;
 * ``python_worker``: SIGKILL one Python worker forked by an executor's ``pyspark.daemon`` while batch K runs;
@@ -139,11 +140,11 @@ def new_run(tmp_path) -> Run:
 
 
 def start_job(run: Run, cluster: SparkCluster, n: int, *, fault: Optional[str] = None,
-              marker: Optional[str] = None) -> tuple[subprocess.Popen, str]:
+              marker: Optional[str] = None, pace: float = PACE) -> tuple[subprocess.Popen, str]:
     """Start the job in its own session (a protocol fault's SIGKILL takes only it); returns it and its app-id file."""
     app_id_file = os.path.join(run.tmp, f"app-id-{n}")
     cmd = [sys.executable, FILE_JOB, "--input", run.inp, "--out", run.out, "--checkpoint", run.ck,
-           "--partitions", "2", "--pace", str(PACE), "--pace-rows", str(PACE_ROWS),
+           "--partitions", "2", "--pace", str(pace), "--pace-rows", str(PACE_ROWS),
            "--app-name", f"twophase-cluster-{os.path.basename(run.tmp)}-{n}", "--app-id-file", app_id_file,
            "--timeout", str(JOB_TIMEOUT - 20), *cluster.job_args()]
     env = job_env(fault, marker)
@@ -260,7 +261,8 @@ def run_with_process_fault(run: Run, cluster: SparkCluster, n: int, kind: str, r
     """One job run with a process fault of ``kind`` in the middle of each of ``batches`` (default: one seeded)."""
     p, app_id_file = start_job(run, cluster, n)
     app_id = str(wait_for("the application id", lambda: read_app_id(app_id_file), p, run, n))
-    for batch in batches if batches is not None else [rng.randrange(FILES)]:
+    # never the last batch of the run: see LAST_BATCH_LEFTOVERS
+    for batch in batches if batches is not None else [rng.randrange(FILES - 1)]:
         print(f"[{kind}] {inject(kind, run, app_id, batch, rng, p, n)}")
     rc = wait_job(p)
     print(f"[{kind}] job exit code {rc}")
@@ -271,12 +273,12 @@ def run_with_protocol_fault(run: Run, cluster: SparkCluster, n: int, rng: random
     """A whole-job SIGKILL at a seeded driver protocol point of a seeded batch, then a clean restart.
 
     The batch is never the last one: a crash at ``before_complete`` of the last batch leaves the crashed
-    attempts' staged files behind (see test_crash_before_complete_of_last_batch_leaves_staging, xfail).
+    attempts' staged files behind (LAST_BATCH_LEFTOVERS; test_crash_before_complete_of_last_batch_leaves_staging).
     """
     point, batch = rng.choice(DRIVER_POINTS), rng.randrange(FILES - 1)
     marker = os.path.join(run.tmp, f"marker-{n}")
     print(f"[protocol_point] TWOPHASE_FAULT={point}@{batch}")
-    p, _ = start_job(run, cluster, n, fault=f"{point}@{batch}", marker=marker)
+    p, _ = start_job(run, cluster, n, fault=f"{point}@{batch}", marker=marker, pace=0)
     rc = wait_job(p)
     assert rc == -signal.SIGKILL, f"job was not killed (rc={rc}); log:\n{run.tail(n)}"
     with open(marker) as f:
@@ -284,7 +286,7 @@ def run_with_protocol_fault(run: Run, cluster: SparkCluster, n: int, rng: random
     before = check_exactly_once(run.ids, read_ids(run.out))
     print(f"[protocol_point] after the kill: {before.line()}")
     assert before.duplicated == 0 and before.unexpected == 0, before.line()
-    p, _ = start_job(run, cluster, n + 1)
+    p, _ = start_job(run, cluster, n + 1, pace=0)
     rc = wait_job(p)
     assert rc == 0, f"restart failed (rc={rc}); log:\n{run.tail(n + 1)}"
 
@@ -318,7 +320,11 @@ LAST_BATCH_LEFTOVERS = (
     "staged leftovers 00000000000000000002/0-850bb89a1e0e and /1-e8b6ea979476, log 0..2 all COMMITTED, "
     "output exactly once). Lingering attempts of a checkpoint are only swept by prepare_sink before the NEXT "
     "micro-batch (the file sink does not sweep after commit), and a trigger-availableNow run has none. "
-    "Not cluster-specific: reproduced here in local mode.")
+    "Not cluster-specific: reproduced here in local mode. Same cause on the cluster without any protocol "
+    "fault: an executor JVM SIGKILLed while batch 8, the last of a campaign round, had a pre-committed attempt "
+    "(TWOPHASE_NEMESIS=1 TWOPHASE_NEMESIS_SEED=3426522447, round 2): Spark re-ran the task, the batch committed "
+    "exactly once, and the killed attempt 00000000000000000008/0-b3bb46921c25 stayed staged. The tests here aim "
+    "their faults at batches before the last of a run until this is fixed.")
 
 
 @pytest.mark.xfail(strict=True, reason=LAST_BATCH_LEFTOVERS)
@@ -360,7 +366,7 @@ def test_cluster_file_nemesis_campaign(spark_master: SparkCluster, tmp_path) -> 
             rc = wait_job(p)
             n += 2
         else:
-            batches = sorted(rng.sample(range(r * FILES, (r + 1) * FILES), 2))
+            batches = sorted(rng.sample(range(r * FILES, (r + 1) * FILES - 1), 2))  # not the last: see xfail
             rc = run_with_process_fault(run, spark_master, n, kind, rng, batches)
             n += 1
         assert rc == 0, f"round {r} ({kind}) failed (rc={rc})"
