@@ -109,6 +109,11 @@ class FileTransaction(FileLikeTransaction):
 class FileSink(TwoPhaseCommitSink[dict, FileTransaction]):
     """Exactly-once files (Parquet, JSON lines, CSV) with Hive partitions and size-based rolling."""
 
+    #: sweeping is one local listing, so do it right after each commit too: a run whose last batch
+    #: had a crashed attempt (re-run and committed) leaves no staged files behind, even though no
+    #: further batch (whose recovery would sweep) comes
+    sweep_after_commit = True
+
     def __init__(self, options: FileSinkOptions) -> None:
         self.options = options
         self.root = options.path

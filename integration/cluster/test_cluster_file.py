@@ -3,8 +3,8 @@
 Each test runs integration/jobs/file_job.py in client mode against the ``spark_master`` cluster, slowed
 down (``--pace``) so that every task runs for a second or more, and injects one fault while batch K is
 in flight (K, the moment and the victim drawn from a seeded RNG; the seed is printed, and
-``TWOPHASE_NEMESIS_SEED=<seed>`` replays it). K is never the last batch of a run: a fault there leaves
-staged leftovers (LAST_BATCH_LEFTOVERS, a strict xfail here, reported as a sink bug).
+``TWOPHASE_NEMESIS_SEED=<seed>`` replays it). K may be the last batch of a run (a fault there used to
+leave the crashed attempts' staged files behind; the file sink now sweeps right after each commit).
 
 * ``executor_jvm``: SIGKILL one executor JVM of the job (CoarseGrainedExecutorBackend) while batch K runs;
 * ``python_worker``: SIGKILL one Python worker forked by an executor's ``pyspark.daemon`` while batch K runs;
@@ -261,8 +261,7 @@ def run_with_process_fault(run: Run, cluster: SparkCluster, n: int, kind: str, r
     """One job run with a process fault of ``kind`` in the middle of each of ``batches`` (default: one seeded)."""
     p, app_id_file = start_job(run, cluster, n)
     app_id = str(wait_for("the application id", lambda: read_app_id(app_id_file), p, run, n))
-    # never the last batch of the run: see LAST_BATCH_LEFTOVERS
-    for batch in batches if batches is not None else [rng.randrange(FILES - 1)]:
+    for batch in batches if batches is not None else [rng.randrange(FILES)]:
         print(f"[{kind}] {inject(kind, run, app_id, batch, rng, p, n)}")
     rc = wait_job(p)
     print(f"[{kind}] job exit code {rc}")
@@ -272,10 +271,9 @@ def run_with_process_fault(run: Run, cluster: SparkCluster, n: int, kind: str, r
 def run_with_protocol_fault(run: Run, cluster: SparkCluster, n: int, rng: random.Random) -> None:
     """A whole-job SIGKILL at a seeded driver protocol point of a seeded batch, then a clean restart.
 
-    The batch is never the last one: a crash at ``before_complete`` of the last batch leaves the crashed
-    attempts' staged files behind (LAST_BATCH_LEFTOVERS; test_crash_before_complete_of_last_batch_leaves_staging).
+    The batch may be the last one (test_file_sink_inv4_crash_before_complete_of_last_batch_leaves_no_staging).
     """
-    point, batch = rng.choice(DRIVER_POINTS), rng.randrange(FILES - 1)
+    point, batch = rng.choice(DRIVER_POINTS), rng.randrange(FILES)
     marker = os.path.join(run.tmp, f"marker-{n}")
     print(f"[protocol_point] TWOPHASE_FAULT={point}@{batch}")
     p, _ = start_job(run, cluster, n, fault=f"{point}@{batch}", marker=marker, pace=0)
@@ -313,24 +311,10 @@ def test_cluster_file_protocol_point_killed(spark_master: SparkCluster, tmp_path
     check_final(run, "protocol_point")
 
 
-LAST_BATCH_LEFTOVERS = (
-    "twophase-file: after a SIGKILL at before_complete of the LAST batch of a run and a restart, the restart "
-    "re-runs and commits that batch but the crashed run's pre-committed attempts of the same checkpoint stay "
-    "under _twophase/<token>/staging/<checkpoint>/ (found on the cluster with TWOPHASE_NEMESIS_SEED=25: "
-    "staged leftovers 00000000000000000002/0-850bb89a1e0e and /1-e8b6ea979476, log 0..2 all COMMITTED, "
-    "output exactly once). Lingering attempts of a checkpoint are only swept by prepare_sink before the NEXT "
-    "micro-batch (the file sink does not sweep after commit), and a trigger-availableNow run has none. "
-    "Not cluster-specific: reproduced here in local mode. Same cause on the cluster without any protocol "
-    "fault: an executor JVM SIGKILLed while batch 8, the last of a campaign round, had a pre-committed attempt "
-    "(TWOPHASE_NEMESIS=1 TWOPHASE_NEMESIS_SEED=3426522447, round 2): Spark re-ran the task, the batch committed "
-    "exactly once, and the killed attempt 00000000000000000008/0-b3bb46921c25 stayed staged. The tests here aim "
-    "their faults at batches before the last of a run until this is fixed.")
-
-
-@pytest.mark.xfail(strict=True, reason=LAST_BATCH_LEFTOVERS)
-def test_crash_before_complete_of_last_batch_leaves_staging(tmp_path) -> None:
-    """Deterministic repro of the leftovers (local mode, to keep this module cheap): 3 batches, crash at
-    before_complete@2, restart; output exactly once, log final, but staged attempts of checkpoint 2 left."""
+def test_file_sink_inv4_crash_before_complete_of_last_batch_leaves_no_staging(tmp_path) -> None:
+    """Regression (local mode, to keep this module cheap): 3 batches, crash at before_complete@2, restart;
+    output exactly once, log final, and no staged attempt of checkpoint 2 left (it was, before the file
+    sink swept right after each commit: only the next batch's recovery swept, and none came)."""
     from integration.fileio import run_file_job
     run = new_run(tmp_path)
     marker = os.path.join(run.tmp, "marker")
@@ -356,7 +340,7 @@ def test_cluster_file_nemesis_campaign(spark_master: SparkCluster, tmp_path) -> 
         print(f"[campaign] round {r}: {kind}")
         if kind == "protocol_point":
             # batch ids continue across rounds: aim at one of this round's batches
-            point, batch = rng.choice(DRIVER_POINTS), r * FILES + rng.randrange(FILES - 1)  # not the last: see xfail
+            point, batch = rng.choice(DRIVER_POINTS), r * FILES + rng.randrange(FILES)
             marker = os.path.join(run.tmp, f"marker-{n}")
             print(f"[campaign] TWOPHASE_FAULT={point}@{batch}")
             p, _ = start_job(run, spark_master, n, fault=f"{point}@{batch}", marker=marker)
@@ -366,7 +350,7 @@ def test_cluster_file_nemesis_campaign(spark_master: SparkCluster, tmp_path) -> 
             rc = wait_job(p)
             n += 2
         else:
-            batches = sorted(rng.sample(range(r * FILES, (r + 1) * FILES - 1), 2))  # not the last: see xfail
+            batches = sorted(rng.sample(range(r * FILES, (r + 1) * FILES), 2))
             rc = run_with_process_fault(run, spark_master, n, kind, rng, batches)
             n += 1
         assert rc == 0, f"round {r} ({kind}) failed (rc={rc})"
