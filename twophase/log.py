@@ -413,6 +413,10 @@ def decode_record(data: bytes, where: str) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- the log
 
+#: (location, sink id, query id) whose query.json this process has read and found equal; the object is
+#: write-once, so a verified match needs no further read (bind_query runs up to three times a batch)
+_VERIFIED_BINDINGS: set[tuple[str, str, str]] = set()
+
 
 @dataclass(frozen=True)
 class LogView:
@@ -470,14 +474,15 @@ class TransactionLog:
         location means the checkpoint was deleted and batch ids restart at 0, so the log's committed
         ids would swallow the new query's batches. Refused; the way out is a new ``sink.id``.
         """
-        current = self.query()
-        if current is None:
-            body = {"sink_id": self.sink_id, "query_id": query_id, "bound_at": time.time()}
-            if self.store.put_if_absent("query.json", encode_record(body)):
-                _log.info("log_bound_to_query", sink_id=self.sink_id, query_id=query_id, location=self.location)
-                return
-            current = self.query()
+        key = (self.location, self.sink_id, query_id)
+        if key in _VERIFIED_BINDINGS:  # query.json is write-once: a match seen in this process stays one
+            return
+        current, created = self._write_once("query.json", {"sink_id": self.sink_id, "query_id": query_id,
+                                                            "bound_at": time.time()})
+        if created:
+            _log.info("log_bound_to_query", sink_id=self.sink_id, query_id=query_id, location=self.location)
         if current is not None and current.get("query_id") == query_id:
+            _VERIFIED_BINDINGS.add(key)
             return
         bound = current.get("query_id") if current else "?"
         raise QueryMismatchError(
@@ -490,17 +495,28 @@ class TransactionLog:
 
     def query(self) -> Optional[dict[str, Any]]:
         """The query binding (``query.json``), or None before the first bound micro-batch."""
-        data = self.store.get("query.json")
-        return None if data is None else decode_record(data, f"{self.location}/query.json")
+        return self._read_once("query.json")
+
+    def _read_once(self, name: str) -> Optional[dict[str, Any]]:
+        data = self.store.get(name)
+        return None if data is None else decode_record(data, f"{self.location}/{name}")
+
+    def _write_once(self, name: str, body: dict[str, Any]) -> tuple[Optional[dict[str, Any]], bool]:
+        """A write-once object (owner.json, query.json): what it holds, and whether this call created it.
+        The common case (it exists) is one read and no write."""
+        current = self._read_once(name)
+        if current is not None:
+            return current, False
+        if self.store.put_if_absent(name, encode_record(body)):
+            return body, True
+        return self._read_once(name), False
 
     def _claim_owner(self, owner: str) -> None:
-        current = self.owner()  # the common case (every micro-batch re-claims): one read, no write
-        if current is None:
-            body = {"sink_id": self.sink_id, "owner": owner, "host": socket.gethostname(), "claimed_at": time.time()}
-            if self.store.put_if_absent("owner.json", encode_record(body)):
-                _log.info("log_claimed", sink_id=self.sink_id, owner=owner, location=self.location)
-                return
-            current = self.owner()
+        current, created = self._write_once("owner.json", {"sink_id": self.sink_id, "owner": owner,
+                                                            "host": socket.gethostname(), "claimed_at": time.time()})
+        if created:
+            _log.info("log_claimed", sink_id=self.sink_id, owner=owner, location=self.location)
+            return
         if current is None or current.get("owner") != owner or current.get("sink_id") != self.sink_id:
             raise ConcurrentWriterError(
                 f"sink id {self.sink_id!r} (log {self.location}) is owned by "
@@ -508,8 +524,7 @@ class TransactionLog:
                 "a sink: give this one its own output path or 'sink.id', or delete the old output to start over")
 
     def owner(self) -> Optional[dict[str, Any]]:
-        data = self.store.get("owner.json")
-        return None if data is None else decode_record(data, f"{self.location}/owner.json")
+        return self._read_once("owner.json")
 
     # ---- records
 
