@@ -54,7 +54,9 @@ def test_job_random_task_failures_exactly_once(tmp_path, strategy, seed):
     g, sink, expected = two_source_job(out, map_fn=before, key_parallelism=2,
                                        extra=lambda s: s.map(after, uid="post"))
     result = runner(g, mode, restart=STRATEGIES[strategy]()).run()
-    assert before.fired + after.fired == result.attempts - 1 >= 1
+    # Two tasks may each fire inside one attempt (they run concurrently, and the second failure lands
+    # before the attempt is torn down), so an attempt ends for at least one and possibly two failures.
+    assert 1 <= result.attempts - 1 <= before.fired + after.fired
     assert_exactly_once(out, expected)
     assert keyed_counts(completed_records(sink)[-1].task_state) == {"a0": 8000, "b0": 2000}
     assert result.metrics.recovery_times_s, "a checkpoint completed after each failure"
