@@ -592,3 +592,38 @@ def test_coordinator_inv2_complete_batch_with_a_redelivered_ack_commits_it_once(
     assert sink.committed == txn_ids(acks)
     assert all(sink.state_of(a.handle) is TransactionState.COMMITTED for a in acks)
     assert_exactly_once(sink)
+
+
+@pytest.mark.parametrize("first", ["before_complete", "after_complete"])
+def test_coordinator_inv5_crash_inside_recovery_then_recovery_again_is_exactly_once(first, sink, txlog, tmp_path,
+                                                                                    monkeypatch):
+    """A crash at ``first`` of checkpoint 2 leaves 2 PENDING or COMPLETED, and 3 crashes too (so recovery
+    has two records to finish); the restart's recovery is itself killed after finishing the first
+    (``in_recovery``). The next recovery finishes the rest: every row exactly once, nothing unfinished."""
+    from twophase import faults
+
+    marker = tmp_path / "marker"
+    monkeypatch.setenv(faults.MARKER_ENV, str(marker))
+    monkeypatch.setattr(faults, "kill_session", lambda: (_ for _ in ()).throw(SimulatedCrash("kill")))
+
+    CheckpointCoordinator(sink, txlog).complete_batch(1, prepare_all(sink, 1))
+    for cid in (2, 3):
+        monkeypatch.setenv(faults.ENV, f"{first}@{cid}")
+        with pytest.raises(SimulatedCrash):
+            CheckpointCoordinator(sink, txlog).complete_batch(cid, prepare_all(sink, cid))
+    assert len(txlog.unfinished()) == 2
+    monkeypatch.setenv(faults.ENV, "in_recovery")  # any id: the first record recovery finishes
+    with pytest.raises(SimulatedCrash):
+        CheckpointCoordinator(sink, txlog).recover()
+    assert len(txlog.unfinished()) == 1, "the crash came after exactly one record was finished"
+    monkeypatch.delenv(faults.ENV)
+    report = CheckpointCoordinator(sink, txlog).recover()
+    assert txlog.unfinished() == []
+    if first == "before_complete":  # PENDING: aborted; Spark re-runs the batches
+        assert report.aborted == [3]
+        for cid in (2, 3):
+            CheckpointCoordinator(sink, txlog).complete_batch(cid, prepare_all(sink, cid))
+    else:
+        assert report.committed == [3]
+    assert sorted(sink.visible) == sorted(f"{cid}/{t}" for cid in (1, 2, 3) for t in TASKS)
+    assert_exactly_once(sink)

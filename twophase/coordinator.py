@@ -147,6 +147,7 @@ class CheckpointCoordinator:
                         self.sink.recover_and_abort(h)
                     self.log.transition(rec.checkpoint_id, CheckpointState.ABORTED, reason="aborted at recovery")
                     report.aborted.append(rec.checkpoint_id)
+                faults.maybe_crash("in_recovery", rec.checkpoint_id)
             # Only up to the highest COMMITTED id: an ABORTED id may be attempted again right now (Spark
             # re-runs the batch; this recovery also runs in the commit worker just before that batch's
             # commit), so its staged data is cleaned only once a later checkpoint commits (step 5).

@@ -1,11 +1,22 @@
-"""Fault injection for crash tests: SIGKILL the whole job at a named protocol point.
+"""Fault injection for crash tests: SIGKILL at a named protocol point.
 
-Setting: the environment variable ``TWOPHASE_FAULT=<point>[@<checkpoint_id>]``, read where the point is
-reached (so it reaches Spark's Python workers, which inherit the driver's environment). When the point
-is reached for the given checkpoint id (any id if omitted), twophase writes the marker file named by
-``TWOPHASE_FAULT_MARKER`` (if set) and sends SIGKILL to every process of its session: the Python
-driver, the JVM and all Python workers die at once, with no chance to clean up. Start the job in its
-own session (``setsid`` / ``subprocess.Popen(start_new_session=True)``), as the crash tests do.
+Setting: the environment variable ``TWOPHASE_FAULT=<point>[@<checkpoint_id>][,<point>[@<id>]...]``, read
+where a point is reached (so it reaches Spark's Python workers, which inherit the driver's environment
+in local mode; on a cluster pass it to executors with ``spark.executorEnv.TWOPHASE_FAULT``). When a
+point is reached for a listed checkpoint id (any id if omitted), twophase appends a line to the marker
+file named by ``TWOPHASE_FAULT_MARKER`` (if set) and kills, by ``TWOPHASE_FAULT_SCOPE``:
+
+* ``session`` (the default): every process of its session: the Python driver, the JVM and all Python
+  workers die at once, with no chance to clean up. Start the job in its own session
+  (``setsid`` / ``subprocess.Popen(start_new_session=True)``), as the crash tests do.
+* ``auto``: in an executor's Python worker on a cluster (an ancestor process is Spark's
+  ``CoarseGrainedExecutorBackend``), that executor JVM, its Python daemon and this worker: one executor
+  lost, the driver and the other executors go on and Spark retries the task elsewhere. Anywhere else
+  (the driver, ``local[N]``) as ``session``.
+
+With a marker file, each listed ``point@id`` fires at most once, across processes and retries: the first
+process to reach it creates ``<marker>.<point>@<id>.fired`` exclusively; every later one goes on. So a
+task retried after its executor was killed at ``write`` does not kill the next executor too.
 
 Points, in protocol order:
 
@@ -18,7 +29,12 @@ point               where        moment
 ``after_complete``  driver       the CompletedCheckpoint is durable, before any commit
 ``mid_commit``      driver       after the first transaction of the checkpoint is committed
 ``after_commit``    driver       COMMITTED is recorded, before Spark writes its own commit log
+``in_recovery``     driver       recovery at start has finished the first unfinished checkpoint
+                                 (committed a COMPLETED one / aborted a PENDING one), not the rest
 ==================  ===========  ====================================================================
+
+``POINTS`` are the first six (the crash matrices walk them); ``in_recovery`` needs a crash before it to
+have anything to recover (``RECOVERY_POINTS``).
 """
 
 from __future__ import annotations
@@ -28,32 +44,95 @@ import signal
 from typing import Optional
 
 POINTS = ("write", "after_pre_commit", "before_complete", "after_complete", "mid_commit", "after_commit")
+RECOVERY_POINTS = ("in_recovery",)
 ENV = "TWOPHASE_FAULT"
 MARKER_ENV = "TWOPHASE_FAULT_MARKER"
+SCOPE_ENV = "TWOPHASE_FAULT_SCOPE"
+SCOPES = ("session", "auto")
+EXECUTOR_CLASS = "CoarseGrainedExecutorBackend"
 
 
-def _parse(spec: str) -> tuple[str, Optional[int]]:
-    point, _, cid = spec.partition("@")
-    if point not in POINTS:
-        raise ValueError(f"{ENV}={spec!r}: unknown point {point!r}; one of {', '.join(POINTS)}")
+def _parse_one(spec: str) -> tuple[str, Optional[int]]:
+    point, _, cid = spec.strip().partition("@")
+    if point not in POINTS + RECOVERY_POINTS:
+        raise ValueError(f"{ENV}={spec!r}: unknown point {point!r}; one of {', '.join(POINTS + RECOVERY_POINTS)}")
     return point, (int(cid) if cid and cid != "*" else None)
 
 
+def _parse(spec: str) -> list[tuple[str, Optional[int]]]:
+    """Every ``point[@id]`` of a comma-separated ``TWOPHASE_FAULT``."""
+    return [_parse_one(s) for s in spec.split(",") if s.strip()]
+
+
+def _claim_once(marker: str, point: str, want_id: Optional[int]) -> bool:
+    """True for the first process to reach ``point@want_id`` (exclusive create beside the marker)."""
+    try:
+        fd = os.open(f"{marker}.{point}@{'*' if want_id is None else want_id}.fired",
+                     os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    os.close(fd)
+    return True
+
+
 def maybe_crash(point: str, checkpoint_id: Optional[int] = None) -> None:
-    """SIGKILL this process's session if ``TWOPHASE_FAULT`` names ``point`` (and ``checkpoint_id``)."""
+    """Kill (see the module docstring) if ``TWOPHASE_FAULT`` names ``point`` (and ``checkpoint_id``)."""
     spec = os.environ.get(ENV)
     if not spec:
         return
-    want, want_id = _parse(spec)
-    if want != point or (want_id is not None and checkpoint_id != want_id):
-        return
-    marker = os.environ.get(MARKER_ENV)
-    if marker:
-        with open(marker, "a") as f:
-            f.write(f"{point} {checkpoint_id} {os.getpid()}\n")
-            f.flush()
-            os.fsync(f.fileno())
-    kill_session()
+    for want, want_id in _parse(spec):
+        if want != point or (want_id is not None and checkpoint_id != want_id):
+            continue
+        marker = os.environ.get(MARKER_ENV)
+        if marker and marker != os.devnull:
+            if not _claim_once(marker, want, want_id):
+                continue
+            with open(marker, "a") as f:
+                f.write(f"{point} {checkpoint_id} {os.getpid()}\n")
+                f.flush()
+                os.fsync(f.fileno())
+        scope = os.environ.get(SCOPE_ENV, "session")
+        if scope not in SCOPES:
+            raise ValueError(f"{SCOPE_ENV}={scope!r}: one of {', '.join(SCOPES)}")
+        if scope == "auto" and kill_executor():
+            return
+        kill_session()
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _ppid(pid: int) -> Optional[int]:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def kill_executor() -> bool:
+    """SIGKILL the executor JVM this process descends from, every process between, then this one.
+
+    False (nothing killed) when no ancestor is an executor JVM: the driver, or ``local[N]``.
+    """
+    chain, pid = [], _ppid(os.getpid())
+    while pid and pid > 1:
+        chain.append(pid)
+        if EXECUTOR_CLASS in _cmdline(pid):
+            for p in reversed(chain):  # the JVM first: it must not see its Python daemon die and react
+                try:
+                    os.kill(p, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            os.kill(os.getpid(), signal.SIGKILL)
+            return True  # pragma: no cover - unreachable
+        pid = _ppid(pid)
+    return False
 
 
 def kill_session() -> None:
