@@ -59,6 +59,13 @@ Invariants (``test_kafka_sink_invN_*``):
    sink object began for a checkpoint ``> n`` that is not decided yet (with max_concurrent >= 2,
    checkpoint n+2 has n's generation).
 5. A transactional prefix belongs to one query (its checkpoint location): a second one is refused.
+   The claim is a write-once ``owner.json`` under ``<prefixRegistry>/<cluster>/<prefix>``; the
+   registry follows the log: ``s3://<bucket>/_twophase/kafka-prefixes`` when the log is on S3, so
+   drivers on any host see every claim, and a driver restarted on another host with the same
+   checkpoint location takes its own claim back (a URI is compared as given, never made absolute
+   against the driver's working directory). With a local log it is
+   ``$TWOPHASE_STATE_DIR/kafka-prefixes`` (or ``~/.twophase/kafka-prefixes``): on a cluster, put the
+   checkpoint (or ``log.location``) on S3 or a shared filesystem, and ``prefixRegistry`` with it.
 6. Every record sent is accounted for: pre_commit fails the task (TransientSinkError, the
    transaction is aborted) unless every send was acknowledged -- a batch whose
    ``delivery.timeout.ms`` expired mid-task while later ones succeeded is never committed short.
@@ -68,7 +75,10 @@ Invariants (``test_kafka_sink_invN_*``):
    broker gives it: one driver outage of the same length and it expires) it is still committed, and
    the next batch is refused at prepare_sink, before it writes, with an error naming the measured
    age and the setting, until the timeout is at least twice that age (never while a COMPLETED
-   checkpoint awaits recovery: committing it comes first).
+   checkpoint awaits recovery: committing it comes first). The alarm is the object
+   ``timeout-alarm.json`` of the sink's transaction log store (beside ``owner.json``; local, shared
+   or S3), written and cleared by compare-and-swap, so a driver restarted on another host still
+   sees it; nothing of it is on the driver host's disk.
 """
 
 from __future__ import annotations
@@ -78,6 +88,7 @@ import hashlib
 import json
 import os
 import re
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -86,9 +97,11 @@ from typing import Any, Collection, Mapping, Optional
 import pyarrow as pa
 
 from sinks._kafka_config import kafka_python_config
+from sinks.s3 import S3_CLIENT_OPTIONS, s3_config_from
 from twophase._logging import get_logger
 from twophase.errors import ConcurrentWriterError, ConfigurationError, DataLossError, FencedError, TransientSinkError
-from twophase.log import LocalLogStore, TransactionLog
+from twophase.log import LogStore, TransactionLog, decode_record, encode_record
+from twophase.log_s3 import S3_SCHEMES, S3Config, open_log_store, parse_s3_url
 from twophase.options import Option, parse_positive_int, parse_options
 from twophase.sink import Guarantee, TransactionContext, TwoPhaseCommitSink
 
@@ -101,6 +114,10 @@ DEFAULT_TRANSACTION_TIMEOUT_MS = 3_600_000
 #: invariant 7: a handle older than these fractions of the timeout at commit warns / blocks the next batch
 WARN_AGE_FRACTION = 0.25
 BLOCK_AGE_FRACTION = 0.5
+#: invariant 7: the alarm's object in the sink's log store (beside owner.json and checkpoints/)
+ALARM_OBJECT = "timeout-alarm.json"
+#: invariant 5: where the prefix registry lives in the log's bucket when the log is on S3
+S3_REGISTRY_PREFIX = "_twophase/kafka-prefixes"
 
 #: Kafka settings the sink owns; setting them through kafka.* is an error that names the replacement
 _RESERVED = {
@@ -133,10 +150,33 @@ KAFKA_SINK_OPTIONS: tuple[Option[Any], ...] = (
                 "that can hold an open transaction at once (retries, speculative copies, a resubmitted stage)"),
     Option("triggerInterval", parse_duration_ms,
            help="the query's trigger interval (e.g. '10 seconds'); checked against kafka.transaction.timeout.ms"),
-    Option("prefixRegistry", str, help="directory where transactional prefixes are claimed by queries "
-           "(default $TWOPHASE_STATE_DIR/kafka-prefixes or ~/.twophase/kafka-prefixes)"),
+    Option("prefixRegistry", str, help="where queries claim transactional prefixes: a directory or s3://bucket/prefix. "
+           "Default: s3://<bucket>/" + S3_REGISTRY_PREFIX + " when the log (checkpointLocation or log.location) is "
+           "on S3, else $TWOPHASE_STATE_DIR/kafka-prefixes or ~/.twophase/kafka-prefixes, which is on the driver "
+           "host's disk: on a cluster put the checkpoint or log on S3 or a shared filesystem, and this with it"),
     Option("commitParallelism", parse_positive_int, 8, help="threads committing the transactions of a checkpoint"),
+    # how to reach S3 for a log and prefix registry on S3 (as the twophase-s3 and twophase-delta sinks)
+    *S3_CLIENT_OPTIONS,
 )
+
+
+def _is_s3(location: Optional[str]) -> bool:
+    return bool(location) and "://" in str(location) and str(location).split("://", 1)[0].lower() in S3_SCHEMES
+
+
+def owner_key(checkpoint_location: str) -> str:
+    """A checkpoint location as the same string on every host: a URI as given (no trailing ``/``), a
+    local path made absolute (``os.path.abspath`` of ``s3://b/ck`` would depend on the working directory)."""
+    if "://" in checkpoint_location:
+        return checkpoint_location.rstrip("/")
+    return os.path.abspath(checkpoint_location)
+
+
+def _join(location: str, *names: str) -> str:
+    """``location/name/...`` for a URI or a local path."""
+    if "://" in location:
+        return "/".join([location.rstrip("/"), *names])
+    return os.path.join(location, *names)
 
 
 @dataclass(frozen=True)
@@ -158,6 +198,8 @@ class KafkaSinkOptions:
     prefix_registry: Optional[str] = None
     commit_parallelism: int = 8
     columns: tuple[str, ...] = ()
+    #: endpoint and credentials of a log / prefix registry on S3 (``s3.*`` options); never in repr (secrets)
+    s3: S3Config = field(default_factory=S3Config, repr=False)
 
     @classmethod
     def from_options(cls, raw: Mapping[str, Any], schema: Any = None) -> "KafkaSinkOptions":
@@ -192,8 +234,12 @@ class KafkaSinkOptions:
             raise ConfigurationError(f"{SINK}: option 'topic' is required (or a 'topic' column in the stream)")
         owner = o["checkpointlocation"]
         sink_id = o["sink.id"] or (
-            "twophase-" + hashlib.sha1(os.path.abspath(owner).encode()).hexdigest()[:12] if owner
+            "twophase-" + hashlib.sha1(owner_key(owner).encode()).hexdigest()[:12] if owner
             else f"twophase-{o['topic'] or 'multi'}")
+        for key in ("prefixRegistry", "log.location"):
+            where = o[key]
+            if where and "://" in where and not where.startswith("file://"):
+                parse_s3_url(where, option=key)  # a local path, file:// or s3://bucket/prefix
         prefix = o["transactionalIdPrefix"] or sink_id
         if not re.fullmatch(r"[A-Za-z0-9._\-]{1,200}", prefix):
             raise ConfigurationError(f"{SINK}: option 'transactionalIdPrefix'={prefix!r} may use only letters, "
@@ -217,7 +263,7 @@ class KafkaSinkOptions:
                    transaction_timeout_ms=timeout, trigger_interval_ms=interval, sink_id=sink_id,
                    guarantee=guarantee, log_location=o["log.location"], log_retain=o["log.retain"], owner=owner,
                    prefix_registry=o["prefixRegistry"], commit_parallelism=o["commitParallelism"],
-                   columns=tuple(names))
+                   columns=tuple(names), s3=s3_config_from(o))
 
     def connection_config(self) -> dict[str, Any]:
         """The kafka-python settings that matter for a connection (security, timeouts, client id)."""
@@ -369,7 +415,8 @@ class KafkaSink(TwoPhaseCommitSink[dict, KafkaTransaction]):
             self._claim_prefix(self.options.owner)
         if self.guarantee is Guarantee.EXACTLY_ONCE:
             self._check_transaction_timeout(client)
-            self._check_age_alarm()
+            if self.options.owner or self.options.log_location:  # else prepare_sink names what is missing
+                self._check_age_alarm()
 
     def _check_transaction_timeout(self, client: Any) -> None:
         """Invariant 7: the broker must accept the timeout, else fail now on the driver (once per process)."""
@@ -391,23 +438,91 @@ class KafkaSink(TwoPhaseCommitSink[dict, KafkaTransaction]):
             "must outlive the longest batch plus any driver outage), or set kafka.transaction.timeout.ms to at "
             "most the brokers' transaction.max.timeout.ms")
 
-    def _alarm_path(self) -> str:
-        cluster = hashlib.sha1(",".join(sorted(self.options.bootstrap_servers)).encode()).hexdigest()[:10]
-        return os.path.join(self._registry(), cluster, f"{self.prefix}.timeout-alarm.json")
+    def _cluster(self) -> str:
+        return hashlib.sha1(",".join(sorted(self.options.bootstrap_servers)).encode()).hexdigest()[:10]
+
+    # ---- invariant 7: the timeout alarm, an object of the log store
+
+    def _alarm_uri(self, store: LogStore) -> str:
+        return _join(store.location, ALARM_OBJECT)
+
+    def _read_alarm(self, store: LogStore) -> tuple[Optional[dict[str, Any]], Optional[str]]:
+        """The alarm (None if absent) and the version it was read at (for compare-and-swap)."""
+        data, version = store.get_versioned(ALARM_OBJECT)
+        if data is None:
+            return None, None
+        return decode_record(data, self._alarm_uri(store)), version
+
+    def _record_alarm(self, store: LogStore, alarm: Mapping[str, Any]) -> bool:
+        """Raise the alarm to ``alarm`` unless one at least as old is up (compare-and-swap: parallel commits of
+        one checkpoint and the next batch's check never lose each other's write). True if it is up now."""
+        for _ in range(8):
+            current, version = self._read_alarm(store)
+            if current is not None and not current.get("cleared") and \
+                    int(current.get("age_ms", 0)) >= int(alarm["age_ms"]):
+                return True
+            if store.put_if_version(ALARM_OBJECT, encode_record(dict(alarm)), version) is not None:
+                return True
+        return False
+
+    def _raise_alarm(self, handle: Mapping[str, Any], age_ms: float, timeout: Any) -> None:
+        alarm = {"sink_id": self.sink_id, "transactional_id_prefix": self.prefix,
+                 "checkpoint_id": handle.get("checkpoint_id"), "transactional_id": handle.get("transactional_id"),
+                 "age_ms": round(age_ms), "transaction_timeout_ms": timeout, "at": time.time(),
+                 "host": socket.gethostname()}
+        store = None
+        try:
+            store = self.transaction_log().store
+            if self._record_alarm(store, alarm):
+                return
+            error: Any = "the alarm object stayed contended"
+        except Exception as e:  # the commit itself must go on: its transaction is already old
+            error = repr(e)
+        _log.error("timeout_alarm_not_recorded", sink_id=self.sink_id, checkpoint_id=handle.get("checkpoint_id"),
+                   alarm=None if store is None else self._alarm_uri(store), error=error,
+                   hint="the next batch will not be refused; raise kafka.transaction.timeout.ms")
+
+    def _legacy_alarm_path(self) -> Optional[str]:
+        """Where earlier versions kept the alarm: a file in the driver host's prefix registry."""
+        registry = self.options.prefix_registry or self._local_registry()
+        if "://" in registry:
+            return None
+        return os.path.join(registry, self._cluster(), f"{self.prefix}.timeout-alarm.json")
+
+    def _migrate_legacy_alarm(self, store: LogStore) -> None:
+        """An alarm a previous version left on this host's disk moves into the log store (then the file goes)."""
+        path = self._legacy_alarm_path()
+        if path is None or not os.path.exists(path):
+            return
+        try:
+            with open(path) as f:
+                old = json.load(f)
+            alarm = {"sink_id": self.sink_id, "transactional_id_prefix": self.prefix,
+                     "checkpoint_id": old.get("checkpoint_id"), "age_ms": int(old.get("age_ms", 0)),
+                     "transaction_timeout_ms": old.get("transaction_timeout_ms"), "at": old.get("at"),
+                     "host": socket.gethostname(), "migrated_from": path}
+        except (OSError, ValueError, TypeError):
+            return
+        if self._record_alarm(store, alarm):
+            _log.info("timeout_alarm_migrated", sink_id=self.sink_id, source=path, alarm=self._alarm_uri(store))
+            with contextlib.suppress(OSError):
+                os.remove(path)
 
     def _check_age_alarm(self) -> None:
         """Invariant 7: refuse the next batch after one came within 50 % of the timeout."""
-        path = self._alarm_path()
-        try:
-            with open(path) as f:
-                alarm = json.load(f)
-        except (OSError, ValueError):
+        store = self.transaction_log().store
+        self._migrate_legacy_alarm(store)
+        alarm, version = self._read_alarm(store)
+        if alarm is None or alarm.get("cleared"):
             return
         age_ms, timeout = int(alarm.get("age_ms", 0)), self.options.transaction_timeout_ms
+        where = self._alarm_uri(store)
         if age_ms <= BLOCK_AGE_FRACTION * timeout:
-            _log.info("timeout_alarm_cleared", sink_id=self.sink_id, age_ms=age_ms, transaction_timeout_ms=timeout)
-            with contextlib.suppress(OSError):
-                os.remove(path)
+            # compare-and-swap, not delete: an alarm a concurrent commit raised meanwhile stays up
+            cleared = {**alarm, "cleared": True, "cleared_at": time.time(), "cleared_with_timeout_ms": timeout}
+            if store.put_if_version(ALARM_OBJECT, encode_record(cleared), version) is not None:
+                _log.info("timeout_alarm_cleared", sink_id=self.sink_id, age_ms=age_ms, transaction_timeout_ms=timeout,
+                          alarm=where)
             return
         with contextlib.suppress(Exception):
             from twophase.states import CheckpointState
@@ -417,43 +532,65 @@ class KafkaSink(TwoPhaseCommitSink[dict, KafkaTransaction]):
                 _log.warning("timeout_alarm_deferred", sink_id=self.sink_id, age_ms=age_ms,
                              transaction_timeout_ms=timeout, reason="a COMPLETED checkpoint awaits recovery")
                 return
+        remove = f"aws s3 rm {where}" if _is_s3(where) else f"rm {where}"
         raise ConfigurationError(
             f"{SINK}: checkpoint {alarm.get('checkpoint_id')} kept its Kafka transactions open {age_ms / 1000:.0f}s "
             f"before the driver committed them, more than half of kafka.transaction.timeout.ms={timeout} ms: a driver "
             "outage or a slower batch would let the broker abort prepared transactions (data loss). The next batch "
             f"is refused until kafka.transaction.timeout.ms is at least {2 * age_ms} (and the brokers' "
-            "transaction.max.timeout.ms allows it), or batches are made shorter "
-            f"(then delete {path})")
+            "transaction.max.timeout.ms allows it), or batches are made shorter and the alarm object "
+            f"{where} of the sink's transaction log is deleted ({remove})")
 
-    def _registry(self) -> str:
-        if self.options.prefix_registry:
-            return self.options.prefix_registry
+    # ---- invariant 5: the prefix registry
+
+    @staticmethod
+    def _local_registry() -> str:
         base = os.environ.get("TWOPHASE_STATE_DIR") or os.path.join(os.path.expanduser("~"), ".twophase")
         return os.path.join(base, "kafka-prefixes")
 
+    def _registry(self) -> str:
+        """Option ``prefixRegistry``; else in the log's bucket when the log is on S3; else on this host."""
+        if self.options.prefix_registry:
+            return self.options.prefix_registry
+        try:
+            location = self.log_location()
+        except ConfigurationError:
+            location = ""
+        if _is_s3(location):
+            bucket, _ = parse_s3_url(location, option="log.location")
+            return f"{location.split('://', 1)[0]}://{bucket}/{S3_REGISTRY_PREFIX}"
+        return self._local_registry()
+
+    def _registry_store(self) -> LogStore:
+        return open_log_store(_join(self._registry(), self._cluster(), self.prefix), self.options.s3)
+
     def _claim_prefix(self, owner: str) -> None:
         """Invariant 5: one query (checkpoint location) per transactional prefix and cluster."""
-        cluster = hashlib.sha1(",".join(sorted(self.options.bootstrap_servers)).encode()).hexdigest()[:10]
-        store = LocalLogStore(os.path.join(self._registry(), cluster, self.prefix))
+        store = self._registry_store()
+        registry = TransactionLog(store, f"kafka-prefix:{self.prefix}")
         try:
-            TransactionLog(store, f"kafka-prefix:{self.prefix}").claim(os.path.abspath(owner))
+            registry.claim(owner_key(owner))
         except ConcurrentWriterError:
-            current = TransactionLog(store, f"kafka-prefix:{self.prefix}").owner() or {}
+            current = registry.owner() or {}
+            if current.get("owner") == os.path.abspath(owner):
+                return  # claimed by an older twophase, which made even a URI absolute: the same query
             raise ConcurrentWriterError(
                 f"{SINK}: transactional prefix {self.prefix!r} is used by the query with checkpoint "
                 f"{current.get('owner')!r}; this query ({owner!r}) would fence its producers. Give this query its "
-                f"own option 'transactionalIdPrefix' (or 'sink.id'); to move the prefix, delete {store.root}") from None
+                f"own option 'transactionalIdPrefix' (or 'sink.id'); to move the prefix, delete "
+                f"{_join(store.location, 'owner.json')} (the claim in the prefix registry)") from None
 
     def log_location(self) -> str:
         location = self.options.log_location
         if not location:
             if not self.options.owner:
                 raise ConfigurationError(f"{SINK}: exactly-once needs option 'checkpointLocation' (or 'log.location')")
-            location = os.path.join(self.options.owner, "twophase-kafka", self.prefix)
+            location = _join(self.options.owner, "twophase-kafka", self.prefix)
         return location
 
     def transaction_log(self) -> TransactionLog:
-        return TransactionLog.open(self.log_location(), self.sink_id, retain=self.options.log_retain)
+        return TransactionLog(open_log_store(self.log_location(), self.options.s3), self.sink_id,
+                              retain=self.options.log_retain)
 
     # ---- executor side (steps 1-3)
 
@@ -659,16 +796,7 @@ class KafkaSink(TwoPhaseCommitSink[dict, KafkaTransaction]):
                      hint="raise kafka.transaction.timeout.ms (and the brokers' transaction.max.timeout.ms) "
                           "or make batches shorter")
         if age_ms > BLOCK_AGE_FRACTION * float(timeout):
-            path = self._alarm_path()
-            with contextlib.suppress(OSError):
-                previous = json.load(open(path)).get("age_ms", 0) if os.path.exists(path) else 0
-                if age_ms > previous:
-                    os.makedirs(os.path.dirname(path), exist_ok=True)
-                    tmp = f"{path}.{os.getpid()}.tmp"
-                    with open(tmp, "w") as f:
-                        json.dump({"checkpoint_id": handle.get("checkpoint_id"), "age_ms": round(age_ms),
-                                   "transaction_timeout_ms": timeout, "at": time.time()}, f)
-                    os.replace(tmp, path)
+            self._raise_alarm(handle, age_ms, timeout)
             _log.error("transaction_timeout_danger", transactional_id=handle.get("transactional_id"),
                        checkpoint_id=handle.get("checkpoint_id"), age_ms=round(age_ms),
                        transaction_timeout_ms=timeout, next_batch="refused until the timeout is raised")
