@@ -27,7 +27,14 @@ Invariants (``test_delta_sink_invN_*``):
    does not list the file): crashed tasks, failed attempts. It aborts in-progress S3 uploads of those
    checkpoints likewise. A file any Delta commit added is never deleted, whatever OPTIMIZE or DELETE
    later removed from the snapshot (time travel and VACUUM keep their files); a file no final record
-   speaks for is kept and logged. A watermark in the log keeps each checkpoint from being scanned twice.
+   speaks for is kept and logged. It runs right after each commit too (``sweep_after_commit``), so a
+   loser attempt of the LAST batch of a run leaves no data file behind, at a bounded cost: for the
+   checkpoint just committed only the directories its Add actions name and the table root are listed,
+   for names ``part-<token>-<ckpt>-`` (on S3 a prefix listing that returns only that checkpoint's files).
+   The whole table is listed only when the log shows a checkpoint not swept that way (a crash between
+   commit and sweep, a gap) and at least every ``FULL_SWEEP_EVERY`` checkpoints (what a scoped sweep
+   cannot see: a retry that put rows in other partitions, a zombie that finished after the sweep).
+   A watermark in the log keeps each checkpoint from being scanned twice.
 5. The stream's schema is checked on the driver before any data moves: a new column needs
    ``mergeSchema=true`` (then it is added, nullable, in a metadata-only commit); a changed type or other
    partition columns are refused with a :class:`~twophase.errors.ConfigurationError`.
@@ -58,12 +65,15 @@ from twophase.errors import ConfigurationError, MissingDependencyError, Transien
 from twophase.log import TransactionLog, _fsync_dir, makedirs_durable
 from twophase.log_s3 import S3Config, error_code, open_log_store, parse_s3_url
 from twophase.options import Option, parse_bool, parse_choice, parse_list, parse_options, parse_size
-from twophase.sink import Guarantee, TransactionContext, TwoPhaseCommitSink
+from twophase.sink import Guarantee, TransactionContext, TwoPhaseCommitSink, sink_token
 from twophase.states import CheckpointState
 
 _log = get_logger(__name__)
 
 WATERMARK = "delta_orphans_scanned.json"
+#: list the whole table for orphans at least every this many checkpoints (and at most every
+#: ``log.retain // 2``, so that the log still has the records that prove files orphaned)
+FULL_SWEEP_EVERY = 50
 
 DELTA_OPTIONS: tuple[Option[Any], ...] = (
     Option("path", str, required=True, help="the table: a local directory or s3://bucket/prefix"),
@@ -169,6 +179,17 @@ class _LocalFiles:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(self.root, rel))
 
+    def list_named(self, dir_rel: str, name_prefix: str) -> Iterator[str]:
+        """Files directly in ``dir_rel`` (``""``: the root) whose name starts with ``name_prefix``."""
+        try:
+            entries = os.scandir(os.path.join(self.root, dir_rel) if dir_rel else self.root)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        with entries:
+            for e in entries:
+                if e.name.startswith(name_prefix) and e.is_file(follow_symlinks=False):
+                    yield f"{dir_rel}/{e.name}" if dir_rel else e.name
+
     def list_data(self) -> Iterator[str]:
         for dirpath, dirnames, filenames in os.walk(self.root):
             dirnames[:] = [d for d in dirnames if not d.startswith(("_", "."))]
@@ -215,6 +236,16 @@ class _S3Files:
         except Exception as e:
             if error_code(e) not in ("NoSuchKey", "404"):
                 raise TransientSinkError(f"twophase-delta: cannot delete s3://{self.bucket}/{self.key(rel)}: {e}") from e
+
+    def list_named(self, dir_rel: str, name_prefix: str) -> Iterator[str]:
+        """Objects directly in ``dir_rel`` whose name starts with ``name_prefix``: one prefix listing."""
+        base = f"{self.prefix}/" if self.prefix else ""
+        pfx = self.key(f"{dir_rel}/{name_prefix}" if dir_rel else name_prefix)
+        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=pfx):
+            for o in page.get("Contents", ()):
+                rel = o["Key"][len(base):]
+                if "/" not in rel[len(dir_rel) + 1 if dir_rel else 0:]:
+                    yield rel
 
     def list_data(self) -> Iterator[str]:
         base = f"{self.prefix}/" if self.prefix else ""
@@ -309,6 +340,10 @@ class DeltaTransaction(FileLikeTransaction):
 
 class DeltaSink(TwoPhaseCommitSink[dict, DeltaTransaction]):
     """Exactly-once appends to a Delta table: one atomic Delta commit per checkpoint (see module invariants)."""
+
+    #: sweep right after each commit too (invariant 4): after the last batch of a run no recovery comes;
+    #: the sweep of a just-committed checkpoint lists only where its files can be (see abort_lingering)
+    sweep_after_commit = True
 
     def __init__(self, options: DeltaSinkOptions) -> None:
         self.options = options
@@ -496,21 +531,76 @@ class DeltaSink(TwoPhaseCommitSink[dict, DeltaTransaction]):
         of another sink or query on the same table, and never a file any Delta commit added, whatever
         later commits (OPTIMIZE, DELETE) removed from the snapshot: history and VACUUM keep those.
         A file whose checkpoint record is gone (pruned) cannot be proven orphaned and is kept (logged).
+
+        Cost: the common call is the one right after checkpoint ``n = watermark + 1`` committed (or the
+        recovery before the next batch, if that sweep did not happen): it lists only the directories
+        that ``n``'s committed Add actions name plus the table root, for ``n``'s own names
+        (:meth:`_sweep_committed`). Any other call (several checkpoints not swept, a checkpoint that is
+        not COMMITTED) and every ``FULL_SWEEP_EVERY`` checkpoints lists the whole table.
         """
         removed = self.files.abort_uploads(self.sink_id, up_to_checkpoint)
         log = self.transaction_log()
         raw = log.store.get(WATERMARK)
-        watermark = int(json.loads(raw)["scanned_up_to"]) if raw else -1
-        if up_to_checkpoint <= watermark:
+        mark = json.loads(raw) if raw else {}
+        scanned = int(mark.get("scanned_up_to", -1))  # every checkpoint <= this was swept, scoped or whole
+        listed = int(mark.get("listed_up_to", scanned))  # ... and <= this by a whole-table listing
+        if up_to_checkpoint <= scanned:
             return removed
         kept = {f["rel"] for h in keep for f in h.get("files", ())}
+        every = max(1, min(FULL_SWEEP_EVERY, self.options.log_retain // 2))
+        rec = log.get(up_to_checkpoint) if up_to_checkpoint == scanned + 1 else None
+        if rec is not None and rec.state is CheckpointState.COMMITTED and up_to_checkpoint - listed < every:
+            n = self._sweep_committed(rec, kept)
+            if n is None:
+                return removed  # the next sweep (recovery before the next batch, or a restart) tries again
+            removed += n
+        else:
+            removed += self._sweep_listing(log, listed, up_to_checkpoint, kept)
+            listed = up_to_checkpoint
+        log.store.put(WATERMARK, json.dumps({"scanned_up_to": up_to_checkpoint, "listed_up_to": listed}).encode())
+        if removed:
+            _log.info("lingering_aborted", sink_id=self.sink_id, up_to=up_to_checkpoint, files=removed)
+        return removed
+
+    def _sweep_committed(self, rec: Any, kept: Collection[str]) -> Optional[int]:
+        """Delete the files of COMMITTED checkpoint ``rec`` that its record does not list; None if it failed.
+
+        Only where the checkpoint's files can be: the partition directories its committed Add actions
+        name, and the table root (an unpartitioned table). A loser attempt of a task (retry, speculative
+        copy, an attempt of a failed run of the same batch) reads the same input as the winner, so its
+        rows fall into the same partitions. Names are matched on ``part-<token>-<ckpt>-``, so on S3 each
+        directory is one prefix listing that returns this checkpoint's files only. Safe against an
+        attempt still writing: the checkpoint is COMMITTED, so none of its attempts' files can ever be
+        committed (a late ack is aborted), and the files the record lists are never touched.
+        """
+        cid = rec.checkpoint_id
+        committed = {f["rel"] for h in rec.handles.values() for f in h.get("files", ())}
+        dirs = sorted({rel.rpartition("/")[0] for rel in committed} | {""})
+        name_prefix = f"part-{sink_token(self.sink_id)}-{cid:08d}-"
+        removed = 0
+        try:
+            for d in dirs:
+                for rel in list(self.files.list_named(d, name_prefix)):
+                    if (rel in committed or rel in kept
+                            or own_part_checkpoint(rel.rsplit("/", 1)[-1], self.sink_id) != cid):
+                        continue
+                    self.files.delete(rel)
+                    removed += 1
+        except Exception as e:  # best effort: the checkpoint is committed; the next sweep retries
+            _log.warning("lingering_sweep_failed", sink_id=self.sink_id, checkpoint_id=cid, error=str(e))
+            return None
+        return removed
+
+    def _sweep_listing(self, log: TransactionLog, after: int, up_to: int, kept: Collection[str]) -> int:
+        """List the whole table; delete own files of checkpoints in (after, up_to] that final records prove orphaned."""
         candidates: dict[str, int] = {}
         for rel in self.files.list_data():
             cid = own_part_checkpoint(rel.rsplit("/", 1)[-1], self.sink_id)
-            if cid is not None and watermark < cid <= up_to_checkpoint and rel not in kept:
+            if cid is not None and after < cid <= up_to and rel not in kept:
                 candidates[rel] = cid
         records = {cid: log.get(cid) for cid in sorted(set(candidates.values()))}
         unprovable: list[str] = []
+        removed = 0
         for rel, cid in sorted(candidates.items()):
             rec = records[cid]
             if rec is None or rec.state not in (CheckpointState.ABORTED, CheckpointState.COMMITTED):
@@ -525,7 +615,4 @@ class DeltaSink(TwoPhaseCommitSink[dict, DeltaTransaction]):
         if unprovable:
             _log.warning("lingering_kept", sink_id=self.sink_id, files=unprovable[:20], count=len(unprovable),
                          why="no final log record proves these files uncommitted; left for VACUUM")
-        log.store.put(WATERMARK, json.dumps({"scanned_up_to": up_to_checkpoint}).encode())
-        if removed:
-            _log.info("lingering_aborted", sink_id=self.sink_id, up_to=up_to_checkpoint, files=removed)
         return removed

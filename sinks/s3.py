@@ -25,7 +25,13 @@ Invariants (``test_s3_sink_invN_*``):
 3. ``abort`` only aborts uploads; it never deletes an object, so committed data is never touched.
 4. ``abort_lingering(n)`` aborts the in-progress uploads under the prefix of checkpoints ``<= n`` that
    carry this sink's token and are not in ``keep`` (crashed tasks, failed attempts): after recovery no
-   orphan upload of this sink remains, and no other sink's or tool's upload is ever touched.
+   orphan upload of this sink remains, and no other sink's or tool's upload is ever touched. It also
+   runs right after each commit (``sweep_after_commit``), so a loser attempt of the LAST batch of a run
+   (a retried task whose first attempt died, a speculative copy) leaves no upload behind: one
+   prefix-scoped ListMultipartUploads per batch. Safe against attempts still running: it runs once
+   checkpoint ``n`` is COMMITTED and every checkpoint below it is final, so no upload of a checkpoint
+   ``<= n`` can ever be completed again (a re-run's acks are aborted, never committed); an upload a
+   zombie creates after the listing is swept by the next batch's recovery or commit.
 """
 
 from __future__ import annotations
@@ -302,6 +308,10 @@ class S3Sink(TwoPhaseCommitSink[dict, S3Transaction]):
     """Exactly-once Parquet / JSON lines / CSV objects on S3 through multipart uploads."""
 
     commit_parallelism = 8
+    #: abort orphan uploads right after each commit too (invariant 4), not only at the recovery before the
+    #: next micro-batch, which never comes after the last batch of a run: one ListMultipartUploads
+    #: (prefix-scoped, paged by 1000 uploads in progress) per batch
+    sweep_after_commit = True
 
     def __init__(self, options: S3SinkOptions) -> None:
         self.options = options

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import urllib.parse
+
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
@@ -9,7 +11,7 @@ from deltalake import DeltaTable
 from sinks.delta import DeltaSink, _partition_values, _Stats
 from twophase.coordinator import CheckpointCoordinator
 from twophase.errors import ConfigurationError
-from twophase.sink import TransactionContext, run_task
+from twophase.sink import TransactionContext, run_task, sink_token
 
 SCHEMA = pa.schema([("id", pa.int64()), ("p", pa.string()), ("v", pa.float64())])
 
@@ -106,3 +108,77 @@ def test_delta_partition_values_and_stats() -> None:
 def test_delta_options_refuse_at_least_once(tmp_path) -> None:
     with pytest.raises(ConfigurationError, match="guarantee"):
         DeltaSink.from_options({"path": str(tmp_path), "guarantee": "at-least-once"})
+
+
+def attempt(sink: DeltaSink, cid: int, task: int, rows: pa.RecordBatch, *, pre_commit: bool = True):
+    """One attempt of task ``task`` of checkpoint ``cid``: pre-committed (its ack may never arrive) or left
+    open as by a task that died while writing."""
+    ctx = TransactionContext(sink.sink_id, cid, str(task))
+    if pre_commit:
+        return run_task(sink, ctx, [rows])
+    txn = sink.begin_transaction(ctx)
+    sink.write(txn, rows)
+    return None
+
+
+def referenced(sink: DeltaSink) -> set[str]:
+    """The data files the table's snapshot references (Add paths are URI-encoded)."""
+    paths = pa.table(DeltaTable(sink.uri).get_add_actions(flatten=True)).column("path").to_pylist()
+    return {urllib.parse.unquote(p) for p in paths}
+
+
+def test_delta_sink_inv4_last_batch_loser_files_deleted_right_after_commit(sink) -> None:
+    """The last batch of a run: task 0's first attempt pre-committed but its ack was lost (executor lost),
+    another died while writing, the retry won. Right after the commit (the Spark adapter's path, no
+    further batch, no recovery), no data file of the losers is left, and the committed rows are intact."""
+    co = CheckpointCoordinator(sink, sweep_after_commit=sink.sweep_after_commit)  # as twophase.spark.datasource
+    co.complete_batch(0, run_checkpoint(sink, 0), expected_tasks=["0", "1"])
+    lost = attempt(sink, 1, 0, batch(1000, 10))
+    attempt(sink, 1, 0, batch(1000, 10), pre_commit=False)
+    winners = [attempt(sink, 1, 0, batch(1000, 10)), attempt(sink, 1, 1, batch(1100, 10))]
+    assert co.complete_batch(1, winners, expected_tasks=["0", "1"]) == "COMMITTED"
+    assert set(sink.files.list_data()) == referenced(sink)
+    assert not any(f["rel"] in referenced(sink) for f in lost.handle["files"])
+    assert sorted(DeltaTable(sink.uri).to_pyarrow_table().column("id").to_pylist()) == \
+        sorted([*range(0, 10), *range(100, 110), *range(1000, 1010), *range(1100, 1110)])
+
+
+def test_delta_sink_inv4_sweep_after_commit_lists_only_the_batchs_directories(sink) -> None:
+    """The per-batch sweep never lists the whole table: only the partition directories the committed Add
+    actions name and the root, for the checkpoint's own names; another sink's file there is untouched."""
+    calls: list[tuple[str, str]] = []
+    real = sink.files.list_named
+    sink.files.list_named = lambda d, prefix: (calls.append((d, prefix)), real(d, prefix))[1]
+    sink.files.list_data = lambda: (_ for _ in ()).throw(AssertionError("whole-table listing per batch"))
+    other = DeltaSink.from_options({"path": sink.uri, "sink.id": "other"}, SCHEMA)
+    other.transaction_log().claim("other")
+    foreign = attempt(other, 1, 0, batch(0, 10))  # another query's pre-committed file (in the root), "its" checkpoint 1
+    co = CheckpointCoordinator(sink, sweep_after_commit=sink.sweep_after_commit)
+    for cid in (0, 1, 2):
+        attempt(sink, cid, 0, batch(cid * 1000, 10))  # a loser per batch
+        co.complete_batch(cid, run_checkpoint(sink, cid), expected_tasks=["0", "1"])
+    assert {d for d, _ in calls} == {"", "p=a b", "p=x%3Ay"}
+    assert {p for _, p in calls} == {f"part-{sink_token(sink.sink_id)}-{c:08d}-" for c in (0, 1, 2)}
+    assert {r for d in ("", "p=a b", "p=x%3Ay") for r in real(d, "part-")} == \
+        referenced(sink) | {f["rel"] for f in foreign.handle["files"]}
+
+
+def test_delta_sink_inv4_whole_table_listing_catches_what_scoped_sweeps_miss(tmp_path) -> None:
+    """A loser whose rows went to a partition the winner did not write (non-deterministic input), or a
+    zombie's file written after the sweep: the whole-table listing, due every FULL_SWEEP_EVERY checkpoints
+    (here log.retain // 2 = 3), deletes them while the log still has the records that prove them orphaned."""
+    s = DeltaSink.from_options({"path": str(tmp_path / "t"), "partitionBy": "p", "log.retain": "6"}, SCHEMA)
+    s.validate_destination()
+    s.transaction_log().claim("test")
+    co = CheckpointCoordinator(s, sweep_after_commit=s.sweep_after_commit)
+    only_x = pa.record_batch({"id": pa.array([1], pa.int64()), "p": pa.array(["x:y"]), "v": pa.array([0.5])},
+                             schema=SCHEMA)
+    only_z = pa.record_batch({"id": pa.array([2], pa.int64()), "p": pa.array(["z"]), "v": pa.array([0.5])},
+                             schema=SCHEMA)
+    co.complete_batch(0, [attempt(s, 0, 0, only_x)])  # scoped
+    attempt(s, 1, 0, only_z)  # the loser of checkpoint 1 wrote partition p=z
+    co.complete_batch(1, [attempt(s, 1, 0, only_x)])  # scoped sweep: p=x%3Ay and the root only
+    assert any(r.startswith("p=z/") for r in s.files.list_data())
+    attempt(s, 1, 0, only_x)  # a zombie of checkpoint 1 finishes after the sweep
+    co.complete_batch(2, [attempt(s, 2, 0, only_x)])  # 2 - (-1) >= 3: the whole table is listed
+    assert set(s.files.list_data()) == referenced(s)
