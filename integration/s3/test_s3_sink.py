@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -185,3 +186,47 @@ def test_s3_sink_inv4_sweeps_only_its_own_uploads(s3_server: S3Server) -> None:
     CheckpointCoordinator(b).complete_batch(1, [b_ack])  # B commits its data: nothing of it was swept
     client.abort_multipart_upload(Bucket=bucket, Key="out/part-00000001-00000-0123456789ab-000.parquet",
                                   UploadId=foreign["UploadId"])
+
+
+def count_calls(client: Any, operation: str) -> list[dict[str, Any]]:
+    """The parameters of every ``operation`` call ``client`` makes from now on."""
+    seen: list[dict[str, Any]] = []
+    client.meta.events.register(f"provide-client-params.s3.{operation}", lambda params, **_: seen.append(dict(params)))
+    return seen
+
+
+def test_s3_sink_inv4_last_batch_loser_upload_aborted_after_commit(s3_server: S3Server) -> None:
+    """The last batch of a run, task 0: the first attempt pre-committed but its ack never reached the driver
+    (executor lost), a second died while writing, the third won. Right after the driver's commit (Spark
+    adapter path: TwoPhaseStreamWriter.commit; no later batch, so no recovery), no upload of this sink's
+    checkpoints <= the committed one is left; an upload of a later checkpoint (still in flight) and
+    another sink's upload are untouched; it cost one prefix-scoped ListMultipartUploads."""
+    from twophase.spark.datasource import TwoPhaseCommitMessage, TwoPhaseStreamWriter
+    bucket = s3_server.new_bucket()
+    sink = make_sink(s3_server, bucket)
+    other = S3Sink.from_options({"path": f"s3://{bucket}/out", "partSize": "5m", **s3_server.options(), "sink.id": "b"})
+    writer = TwoPhaseStreamWriter(sink)
+    writer.commit([TwoPhaseCommitMessage(run_task(sink, TransactionContext(sink.sink_id, 0, "0"), [rows(10)]).to_json())], 0)
+    lost = run_task(sink, TransactionContext(sink.sink_id, 1, "0"), [rows(10)])  # pre-committed, ack lost
+    crashed = sink.begin_transaction(TransactionContext(sink.sink_id, 1, "0"))
+    sink.write(crashed, rows(10))  # the upload is open; the task dies here
+    won = run_task(sink, TransactionContext(sink.sink_id, 1, "0"), [rows(10)])
+    in_flight = sink.begin_transaction(TransactionContext(sink.sink_id, 2, "0"))  # a later checkpoint's task
+    sink.write(in_flight, rows(10))
+    foreign = other.begin_transaction(TransactionContext(other.sink_id, 1, "0"))
+    other.write(foreign, rows(10))
+    client = s3_server.client()
+    assert len(client.list_multipart_uploads(Bucket=bucket)["Uploads"]) == 5
+    listings = count_calls(sink.client, "ListMultipartUploads")
+    writer.commit([TwoPhaseCommitMessage(won.to_json())], 1)
+    left = {u["UploadId"] for u in client.list_multipart_uploads(Bucket=bucket).get("Uploads", ())}
+    assert left == {next(iter(in_flight.open_files.values())).stream.upload_id,
+                    next(iter(foreign.open_files.values())).stream.upload_id}
+    assert [p.get("Prefix") for p in listings] == ["out/"]
+    keys = sorted(o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix="out/part-")["Contents"])
+    assert len(keys) == 2 and won.handle["uploads"][0]["key"] in keys
+    assert lost.handle["uploads"][0]["key"] not in keys
+    with pytest.raises(DataLossError):  # the loser can never be committed now (its checkpoint is COMMITTED)
+        sink.commit(lost.handle)
+    sink.abort_open(in_flight)
+    other.abort_open(foreign)
