@@ -76,9 +76,10 @@ Invariants (``test_kafka_sink_invN_*``):
    the next batch is refused at prepare_sink, before it writes, with an error naming the measured
    age and the setting, until the timeout is at least twice that age (never while a COMPLETED
    checkpoint awaits recovery: committing it comes first). The alarm is the object
-   ``timeout-alarm.json`` of the sink's transaction log store (beside ``owner.json``; local, shared
-   or S3), written and cleared by compare-and-swap, so a driver restarted on another host still
-   sees it; nothing of it is on the driver host's disk.
+   ``timeout-alarm/timeout-alarm.json`` under the sink's transaction log location (local, shared or
+   S3; a store of its own, whose lock a commit can take while the coordinator holds the log's),
+   written and cleared by compare-and-swap, so a driver restarted on another host still sees it;
+   nothing of it is on the driver host's disk.
 """
 
 from __future__ import annotations
@@ -114,7 +115,9 @@ DEFAULT_TRANSACTION_TIMEOUT_MS = 3_600_000
 #: invariant 7: a handle older than these fractions of the timeout at commit warns / blocks the next batch
 WARN_AGE_FRACTION = 0.25
 BLOCK_AGE_FRACTION = 0.5
-#: invariant 7: the alarm's object in the sink's log store (beside owner.json and checkpoints/)
+#: invariant 7: the alarm is the object ALARM_OBJECT of a store of its own at ``<log location>/ALARM_STORE``:
+#: a commit raises it while the coordinator holds the log's lock, so it must not need that lock
+ALARM_STORE = "timeout-alarm"
 ALARM_OBJECT = "timeout-alarm.json"
 #: invariant 5: where the prefix registry lives in the log's bucket when the log is on S3
 S3_REGISTRY_PREFIX = "_twophase/kafka-prefixes"
@@ -443,6 +446,9 @@ class KafkaSink(TwoPhaseCommitSink[dict, KafkaTransaction]):
 
     # ---- invariant 7: the timeout alarm, an object of the log store
 
+    def _alarm_store(self) -> LogStore:
+        return open_log_store(_join(self.log_location(), ALARM_STORE), self.options.s3)
+
     def _alarm_uri(self, store: LogStore) -> str:
         return _join(store.location, ALARM_OBJECT)
 
@@ -472,7 +478,7 @@ class KafkaSink(TwoPhaseCommitSink[dict, KafkaTransaction]):
                  "host": socket.gethostname()}
         store = None
         try:
-            store = self.transaction_log().store
+            store = self._alarm_store()
             if self._record_alarm(store, alarm):
                 return
             error: Any = "the alarm object stayed contended"
@@ -510,7 +516,7 @@ class KafkaSink(TwoPhaseCommitSink[dict, KafkaTransaction]):
 
     def _check_age_alarm(self) -> None:
         """Invariant 7: refuse the next batch after one came within 50 % of the timeout."""
-        store = self.transaction_log().store
+        store = self._alarm_store()
         self._migrate_legacy_alarm(store)
         alarm, version = self._read_alarm(store)
         if alarm is None or alarm.get("cleared"):

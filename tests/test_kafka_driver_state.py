@@ -16,7 +16,7 @@ import time
 import pyarrow as pa
 import pytest
 
-from sinks.kafka import ALARM_OBJECT, KafkaSink, KafkaSinkOptions
+from sinks.kafka import ALARM_OBJECT, ALARM_STORE, KafkaSink, KafkaSinkOptions
 from twophase.errors import ConcurrentWriterError, ConfigurationError
 from twophase.log import decode_record
 from twophase.states import CheckpointState
@@ -55,7 +55,7 @@ def test_kafka_sink_inv7_timeout_alarm_lives_in_the_log_store(tmp_path, monkeypa
     host_a = _host(monkeypatch, tmp_path, "host-a")
     a = KafkaSink.from_options(_raw(tmp_path), SCHEMA)
     a._check_age(_slow_handle(a, 40))
-    alarm_file = os.path.join(a.log_location(), ALARM_OBJECT)
+    alarm_file = os.path.join(a.log_location(), ALARM_STORE, ALARM_OBJECT)
     assert os.path.exists(alarm_file)
     assert _files(host_a) == []  # nothing on host A's own disk
     a._check_age(_slow_handle(a, 35))  # a younger handle never lowers the alarm
@@ -79,6 +79,25 @@ def test_kafka_sink_inv7_timeout_alarm_lives_in_the_log_store(tmp_path, monkeypa
     # deleting the object, as the error says, clears it too
     os.remove(alarm_file)
     b._check_age_alarm()
+
+
+def test_kafka_sink_inv7_timeout_alarm_raised_while_the_coordinator_holds_the_log_lock(tmp_path, monkeypatch):
+    """Commits run under the log's lock (another store object, another flock fd): raising the alarm there
+    must not wait for that lock (it deadlocked when the alarm was an object of the log's own store)."""
+    import threading
+    _host(monkeypatch, tmp_path, "host-a")
+    sink = KafkaSink.from_options(_raw(tmp_path), SCHEMA)
+    done = threading.Event()
+
+    def commit_under_the_lock():
+        with sink.transaction_log().locked():
+            sink._check_age(_slow_handle(sink, 40))
+        done.set()
+
+    threading.Thread(target=commit_under_the_lock, daemon=True).start()
+    assert done.wait(20), "raising the alarm under the log's lock deadlocked"
+    with pytest.raises(ConfigurationError, match="kafka.transaction.timeout.ms"):
+        sink._check_age_alarm()
 
 
 def test_kafka_sink_inv7_timeout_alarm_deferred_while_a_completed_checkpoint_awaits_recovery(tmp_path, monkeypatch):
@@ -132,7 +151,7 @@ def test_kafka_sink_inv7_timeout_alarm_left_on_local_disk_by_an_earlier_version_
     with pytest.raises(ConfigurationError, match="checkpoint 9 kept"):
         sink._check_age_alarm()
     assert not os.path.exists(legacy)
-    assert os.path.exists(os.path.join(sink.log_location(), ALARM_OBJECT))
+    assert os.path.exists(os.path.join(sink.log_location(), ALARM_STORE, ALARM_OBJECT))
 
 
 def test_kafka_sink_inv5_prefix_claim_in_a_shared_registry_follows_the_checkpoint_not_the_host(tmp_path, monkeypatch):

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 
 from integration.kafka.broker import create_topic, read_topic, unique
-from sinks.kafka import ALARM_OBJECT, KafkaSink
+from sinks.kafka import ALARM_OBJECT, ALARM_STORE, KafkaSink
 from twophase.coordinator import CheckpointCoordinator
 from twophase.errors import ConcurrentWriterError
 from twophase.log import decode_record
@@ -86,7 +86,7 @@ def test_kafka_sink_inv7_timeout_alarm_lives_in_the_log_store(s3env, s3_server, 
                ack.records)
     assert CheckpointCoordinator(sink).complete_batch(0, [slow], ["0"]) == "COMMITTED"
     assert len(read_topic(kafka_bootstrap, topic)) == 5
-    key = f"queries/a/ck/twophase-kafka/{raw['transactionalIdPrefix']}/{ALARM_OBJECT}"
+    key = f"queries/a/ck/twophase-kafka/{raw['transactionalIdPrefix']}/{ALARM_STORE}/{ALARM_OBJECT}"
     alarm = decode_record(s3_server.client().get_object(Bucket=bucket, Key=key)["Body"].read(), key)
     assert alarm["checkpoint_id"] == 0 and alarm["age_ms"] >= 40_000
     assert _local_files(host_a) == []
