@@ -3,6 +3,9 @@
 ``s3_server``: one real S3 server for the whole session (radosgw by default, installed and started by
 ``scripts/s3_server.sh``; moto with ``TWOPHASE_S3_SERVER=moto``; an external one with
 ``TWOPHASE_S3_ENDPOINT``), shared by the S3 and Delta tests so it starts once.
+
+``kafka_bootstrap``: a Kafka broker for the session (see :mod:`integration.kafka.broker`), started on
+first use by any directory's tests (the Kafka tests and the cluster nemesis).
 """
 
 from __future__ import annotations
@@ -20,3 +23,11 @@ from _support import S3Server, s3_server_fixture  # noqa: E402
 @pytest.fixture(scope="session")
 def s3_server() -> S3Server:
     yield from s3_server_fixture()
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap():
+    """Bootstrap servers of a broker for this test session: KAFKA_BOOTSTRAP_SERVERS, Docker, or noida-db."""
+    from integration.kafka.broker import kafka_broker
+    with kafka_broker() as bootstrap:
+        yield bootstrap

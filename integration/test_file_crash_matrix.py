@@ -51,3 +51,23 @@ def test_crash_matrix_file_sink(tmp_path, point):
     log = TransactionLog.open(default_log_location(os.path.abspath(out), f"file:{os.path.abspath(out)}"),
                              f"file:{os.path.abspath(out)}")
     assert log.unfinished() == [], "a checkpoint was left PENDING or COMPLETED"
+
+
+def test_file_sink_inv4_crash_before_complete_of_last_batch_leaves_no_staging(tmp_path) -> None:
+    """Regression: 3 batches, crash at before_complete of the LAST one, restart; output exactly once, log
+    final, and no staged attempt of that checkpoint left (there was, before the file sink swept right
+    after each commit: only the next batch's recovery swept, and none came). Found by the cluster nemesis."""
+    inp, out, ck = str(tmp_path / "in"), str(tmp_path / "out"), str(tmp_path / "ck")
+    marker, log1, log2 = str(tmp_path / "marker"), str(tmp_path / "run1.log"), str(tmp_path / "run2.log")
+    ids = make_input(inp, 3, 120)
+    rc = run_file_job(inp, out, ck, fault="before_complete@2", marker=marker, log_path=log1,
+                      extra=("--partitions", "2"))
+    assert rc == -9, f"job was not killed (rc={rc}); see {open(log1).read()[-3000:]}"
+    rc = run_file_job(inp, out, ck, log_path=log2, extra=("--partitions", "2"))
+    assert rc == 0, open(log2).read()[-3000:]
+    report = check_exactly_once(ids, read_ids(out))
+    assert report.ok, report.line()
+    assert staging_leftovers(out) == [], "staged files left after the last batch"
+    log = TransactionLog.open(default_log_location(os.path.abspath(out), f"file:{os.path.abspath(out)}"),
+                             f"file:{os.path.abspath(out)}")
+    assert log.unfinished() == [], "a checkpoint was left PENDING or COMPLETED"

@@ -6,6 +6,8 @@
 #   scripts/spark_cluster.sh stop   [DIR]   SIGTERM exactly the PIDs recorded in DIR/cluster.env,
 #                                           SIGKILL after 5 s
 #   scripts/spark_cluster.sh status [DIR]   what is recorded and alive; exit 0 only if all of it is up
+#   scripts/spark_cluster.sh heal   [DIR]   restart the workers that died (the nemesis kills whole workers),
+#                                           same master, same settings; waits until all are ALIVE again
 #
 # DIR defaults to $TWOPHASE_SPARK_DIR or /tmp/twophase-spark-cluster. It holds cluster.env
 # (SPARK_MASTER_URL=spark://127.0.0.1:P, SPARK_MASTER_WEBUI, MASTER_PID, WORKER1_PID, WORKER2_PID, ...),
@@ -89,6 +91,53 @@ fail() { # fail STEP LOGFILE
   exit 1
 }
 
+# Daemons: own session (setsid), so a fault that kills a session never reaches the caller; no inherited
+# fault injection; loopback only. Executors inherit the worker's environment.
+daemon_env() { # daemon_env SPARK_HOME -> the env(1) prefix of every daemon
+  ENVV=(env -u TWOPHASE_FAULT -u TWOPHASE_FAULT_MARKER -u TWOPHASE_FAULT_SCOPE SPARK_HOME="$1"
+        SPARK_LOCAL_IP=127.0.0.1 SPARK_LOCAL_HOSTNAME=127.0.0.1 SPARK_NO_DAEMONIZE=1)
+}
+
+start_worker() { # start_worker I SPARK_HOME MASTER_PORT
+  local WW
+  WW=$(free_port)
+  daemon_env "$2"
+  mkdir -p "$D/worker$1"
+  setsid "${ENVV[@]}" SPARK_WORKER_DIR="$D/worker$1" "$2/bin/spark-class" org.apache.spark.deploy.worker.Worker \
+    "spark://127.0.0.1:$3" --host 127.0.0.1 --work-dir "$D/worker$1" --cores 1 --memory 2g --webui-port "$WW" \
+    >>"$D/worker$1.log" 2>&1 </dev/null &
+  echo "WORKER${1}_PID=$!" >>"$D/cluster.env"
+  echo "WORKER${1}_DIR=$D/worker$1" >>"$D/cluster.env"
+}
+
+wait_workers() { # wait_workers MASTER_WEBUI_PORT: every worker process up and ALIVE at the master
+  local ok="" i
+  for _ in $(seq 1 $((WORKER_WAIT_S * 2))); do
+    for i in $(seq 1 $WORKERS); do
+      ours "$(env_get "WORKER${i}_PID")" deploy.worker.Worker || fail "worker $i exited while starting" "$D/worker$i.log"
+    done
+    if [ "$(alive_workers "$1")" -ge $WORKERS ]; then ok=1; break; fi
+    sleep 0.5
+  done
+  [ -n "$ok" ] || fail "only $(alive_workers "$1") of $WORKERS workers registered within ${WORKER_WAIT_S}s" \
+    "$D/worker1.log $D/worker2.log $D/master.log"
+}
+
+heal() {
+  [ -f "$D/cluster.env" ] || { log "no cluster recorded in $D"; exit 1; }
+  ours "$(env_get MASTER_PID)" deploy.master.Master || { log "FAILED: the master is gone; start a new cluster"; exit 1; }
+  local SH MP i healed=""
+  SH=$(env_get SPARK_HOME)
+  MP=$(env_get SPARK_MASTER_URL); MP=${MP##*:}
+  for i in $(seq 1 $WORKERS); do
+    if ! ours "$(env_get "WORKER${i}_PID")" deploy.worker.Worker; then
+      start_worker "$i" "$SH" "$MP"; healed="$healed $i"
+    fi
+  done
+  wait_workers "$(env_get SPARK_MASTER_WEBUI_PORT)"
+  log "healed:${healed:- nothing to do}"
+}
+
 start() {
   if running; then
     log "already running from $D"
@@ -101,10 +150,7 @@ start() {
   [ -x "$SH/bin/spark-class" ] || { log "FAILED: no spark-class under SPARK_HOME=$SH"; exit 1; }
   rm -rf "$D"; mkdir -p "$D"
   MP=$(free_port); MW=$(free_port)
-  # Daemons: own session (setsid), so a fault that kills a session never reaches the caller; no inherited
-  # fault injection; loopback only. Executors inherit the worker's environment.
-  local -a ENVV=(env -u TWOPHASE_FAULT -u TWOPHASE_FAULT_MARKER SPARK_HOME="$SH" SPARK_LOCAL_IP=127.0.0.1
-                 SPARK_LOCAL_HOSTNAME=127.0.0.1 SPARK_NO_DAEMONIZE=1)
+  daemon_env "$SH"
   {
     echo "SPARK_MASTER_URL=spark://127.0.0.1:$MP"
     echo "SPARK_MASTER_WEBUI=http://127.0.0.1:$MW"
@@ -121,26 +167,9 @@ start() {
     sleep 0.5
   done
   [ -n "$ok" ] || fail "master did not answer on http://127.0.0.1:$MW/json/ within ${MASTER_WAIT_S}s" "$D/master.log"
-  local i WW
-  for i in $(seq 1 $WORKERS); do
-    WW=$(free_port)
-    mkdir -p "$D/worker$i"
-    setsid "${ENVV[@]}" SPARK_WORKER_DIR="$D/worker$i" "$SH/bin/spark-class" org.apache.spark.deploy.worker.Worker \
-      "spark://127.0.0.1:$MP" --host 127.0.0.1 --work-dir "$D/worker$i" --cores 1 --memory 2g --webui-port "$WW" \
-      >"$D/worker$i.log" 2>&1 </dev/null &
-    echo "WORKER${i}_PID=$!" >>"$D/cluster.env"
-    echo "WORKER${i}_DIR=$D/worker$i" >>"$D/cluster.env"
-  done
-  ok=""
-  for _ in $(seq 1 $((WORKER_WAIT_S * 2))); do
-    for i in $(seq 1 $WORKERS); do
-      ours "$(env_get "WORKER${i}_PID")" deploy.worker.Worker || fail "worker $i exited while starting" "$D/worker$i.log"
-    done
-    if [ "$(alive_workers "$MW")" -ge $WORKERS ]; then ok=1; break; fi
-    sleep 0.5
-  done
-  [ -n "$ok" ] || fail "only $(alive_workers "$MW") of $WORKERS workers registered within ${WORKER_WAIT_S}s" \
-    "$D/worker1.log $D/worker2.log $D/master.log"
+  local i
+  for i in $(seq 1 $WORKERS); do start_worker "$i" "$SH" "$MP"; done
+  wait_workers "$MW"
   log "up: spark://127.0.0.1:$MP (web UI http://127.0.0.1:$MW), $WORKERS workers, logs in $D"
   cat "$D/cluster.env"
 }
@@ -161,5 +190,6 @@ case "$CMD" in
   start) start ;;
   stop) stop_dir; [ -f "$D/cluster.env" ] && log "stopped the cluster recorded in $D" || true ;;
   status) status ;;
-  *) echo "usage: $0 start|stop|status [DIR]" >&2; exit 2 ;;
+  heal) heal ;;
+  *) echo "usage: $0 start|stop|status|heal [DIR]" >&2; exit 2 ;;
 esac
