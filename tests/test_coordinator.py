@@ -627,3 +627,32 @@ def test_coordinator_inv5_crash_inside_recovery_then_recovery_again_is_exactly_o
         assert report.committed == [3]
     assert sorted(sink.visible) == sorted(f"{cid}/{t}" for cid in (1, 2, 3) for t in TASKS)
     assert_exactly_once(sink)
+
+
+def test_coordinator_inv5_sweep_after_commit_failure_never_fails_a_committed_batch(sink, txlog, monkeypatch, caplog):
+    """The sweep after a commit is cleanup: an S3 listing that fails there must not fail the batch (Spark
+    would re-run it); the next sweep retries."""
+    coord = CheckpointCoordinator(sink, txlog, sweep_after_commit=True)
+
+    def broken(up_to, keep=()):
+        raise OSError("ListMultipartUploads: connection reset")
+
+    monkeypatch.setattr(sink, "abort_lingering", broken)
+    assert coord.complete_batch(1, prepare_all(sink, 1)) == "COMMITTED"
+    assert txlog.highest_committed() == 1
+    assert "sweep_failed" in caplog.text
+    assert_exactly_once(sink)
+
+
+def test_coordinator_inv5_rerun_of_a_committed_batch_sweeps_its_own_leftovers(sink, txlog):
+    """Spark re-runs a batch that twophase committed but Spark had not logged (crash at after_commit): the
+    re-run's acks are aborted, and its crashed attempts (no ack) are swept right away, since the re-run
+    may be the run's last batch."""
+    CheckpointCoordinator(sink, txlog, sweep_after_commit=True).complete_batch(1, prepare_all(sink, 1))
+    crashed = sink.prepare(1, "0", rows=["1/0-crashed"])  # a re-run attempt that died before its ack
+    sink.lingering_calls.clear()
+    coord = CheckpointCoordinator(sink, txlog, sweep_after_commit=True)
+    assert coord.complete_batch(1, prepare_all(sink, 1)) == "ALREADY_COMMITTED"
+    assert [c for c, _ in sink.lingering_calls] == [1]
+    assert sink.state_of(crashed.handle) is TransactionState.ABORTED
+    assert_exactly_once(sink)

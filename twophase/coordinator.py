@@ -283,9 +283,19 @@ class CheckpointCoordinator:
             # step 5b: clean up
             self.consecutive_failures = 0
             if self.sweep_after_commit:
-                self.sink.abort_lingering(checkpoint_id, ())
+                self._sweep(checkpoint_id)
             self.log.prune()
         faults.maybe_crash("after_commit", checkpoint_id)
+
+    def _sweep(self, checkpoint_id: int) -> None:
+        """Abort this sink's lingering transactions ``<= checkpoint_id`` (committed: nothing there can be
+        committed any more). Cleanup only: a failure is logged and the next sweep (the next commit, the
+        next recovery) retries it; it never fails a batch whose data is already committed."""
+        try:
+            self.sink.abort_lingering(checkpoint_id, ())
+        except Exception as e:  # noqa: BLE001 - see docstring
+            _log.warning("sweep_failed", sink_id=self.log.sink_id, checkpoint_id=checkpoint_id, error=str(e),
+                         consequence="leftovers stay until the next sweep")
 
     def _commit_record(self, rec: CheckpointRecord, *, recovering: bool) -> None:
         started = time.perf_counter()
@@ -332,6 +342,10 @@ class CheckpointCoordinator:
                 if already:
                     _log.info("batch_already_committed", sink_id=self.log.sink_id, checkpoint_id=checkpoint_id,
                               aborted_new_handles=len(stale))
+                    if self.sweep_after_commit and rec is not None and rec.state is CheckpointState.COMMITTED:
+                        # a re-run of a committed batch (Spark had not logged it): its own retried or
+                        # crashed attempts are leftovers too, and this may be the run's last batch
+                        self._sweep(checkpoint_id)
                     return CommitOutcome.ALREADY_COMMITTED
                 self.notify_checkpoint_complete(checkpoint_id)
                 return CommitOutcome.RECOVERED
