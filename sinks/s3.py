@@ -53,7 +53,7 @@ from twophase._logging import get_logger
 from twophase.errors import CommitFailedError, ConfigurationError, DataLossError, TransientSinkError
 from twophase.log import TransactionLog
 from twophase.log_s3 import S3Config, error_code, http_status, open_log_store, parse_s3_url
-from twophase.options import Option, parse_choice, parse_list, parse_options, parse_size
+from twophase.options import Option, parse_choice, parse_duration_ms, parse_list, parse_options, parse_size
 from twophase.sink import Guarantee, TransactionContext, TwoPhaseCommitSink
 
 _log = get_logger(__name__)
@@ -68,6 +68,11 @@ S3_CLIENT_OPTIONS: tuple[Option[Any], ...] = (
     Option("s3.accessKeyId", str, help="access key id (default: boto3's credential chain)"),
     Option("s3.secretAccessKey", str, help="secret access key (with s3.accessKeyId)"),
     Option("s3.sessionToken", str, help="session token for temporary credentials"),
+    Option("s3.connectTimeout", parse_duration_ms,
+           help="how long to wait for a connection to S3 (e.g. '5s'; default: boto3's 60 s)"),
+    Option("s3.readTimeout", parse_duration_ms,
+           help="how long to wait for S3 to answer a request (e.g. '30s'; default: boto3's 60 s); a "
+                "server that pauses longer fails the request, which boto3 retries (5 attempts)"),
 )
 
 S3_OPTIONS: tuple[Option[Any], ...] = (
@@ -84,7 +89,8 @@ S3_OPTIONS: tuple[Option[Any], ...] = (
 def s3_config_from(o: Mapping[str, Any]) -> S3Config:
     """The :class:`S3Config` of parsed ``s3.*`` options."""
     return S3Config(o.get("s3.endpoint"), o.get("s3.region"), o.get("s3.accessKeyId"), o.get("s3.secretAccessKey"),
-                    o.get("s3.sessionToken"))
+                    o.get("s3.sessionToken"), connect_timeout_ms=o.get("s3.connectTimeout"),
+                    read_timeout_ms=o.get("s3.readTimeout"))
 
 
 @dataclass(frozen=True)

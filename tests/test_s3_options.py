@@ -95,3 +95,15 @@ def test_s3_log_inv3_lock_is_reentrant_and_exclusive() -> None:
         threading.Thread(target=grab, daemon=True).start()
         assert not acquired.wait(0.3), "another store of the same location took the lock while it was held"
     assert acquired.wait(5), "the lock was not handed over after release"
+
+
+def test_s3_options_client_timeouts_reach_boto3_and_delta() -> None:
+    """s3.connectTimeout / s3.readTimeout: parsed as durations, given to boto3 and to deltalake's object_store."""
+    o = S3SinkOptions.from_options({"path": "s3://b/p", "s3.readTimeout": "4s", "s3.connectTimeout": "2 seconds"})
+    assert (o.s3.connect_timeout_ms, o.s3.read_timeout_ms) == (2000, 4000)
+    cfg = o.s3.client().meta.config
+    assert (cfg.connect_timeout, cfg.read_timeout) == (2.0, 4.0)
+    storage = o.s3.delta_storage_options()
+    assert (storage["connect_timeout"], storage["timeout"]) == ("2000ms", "4000ms")
+    with pytest.raises(ConfigurationError, match="s3.readTimeout"):
+        S3SinkOptions.from_options({"path": "s3://b/p", "s3.readTimeout": "soon"})

@@ -58,6 +58,9 @@ class S3Config:
     access_key_id: Optional[str] = None
     secret_access_key: Optional[str] = None
     session_token: Optional[str] = None
+    #: boto3's connect / read timeouts (its defaults, 60 s each, when None)
+    connect_timeout_ms: Optional[int] = None
+    read_timeout_ms: Optional[int] = None
 
     def __post_init__(self) -> None:
         if (self.access_key_id is None) != (self.secret_access_key is None):
@@ -80,8 +83,13 @@ class S3Config:
             kwargs["aws_secret_access_key"] = self.secret_access_key
             if self.session_token:
                 kwargs["aws_session_token"] = self.session_token
+        timeouts: dict[str, float] = {}
+        if self.connect_timeout_ms:
+            timeouts["connect_timeout"] = self.connect_timeout_ms / 1000
+        if self.read_timeout_ms:
+            timeouts["read_timeout"] = self.read_timeout_ms / 1000
         cfg = Config(retries={"max_attempts": 5, "mode": "standard"}, max_pool_connections=32,
-                     s3={"addressing_style": "path"} if self.endpoint else None)
+                     s3={"addressing_style": "path"} if self.endpoint else None, **timeouts)
         return boto3.session.Session().client("s3", config=cfg, **kwargs)
 
     def resolved_endpoint(self) -> Optional[str]:
@@ -102,6 +110,10 @@ class S3Config:
             out["AWS_SECRET_ACCESS_KEY"] = self.secret_access_key or ""
             if self.session_token:
                 out["AWS_SESSION_TOKEN"] = self.session_token
+        if self.connect_timeout_ms:
+            out["connect_timeout"] = f"{self.connect_timeout_ms}ms"
+        if self.read_timeout_ms:
+            out["timeout"] = f"{self.read_timeout_ms}ms"
         # commits to _delta_log use S3's conditional put (If-None-Match), no locking service needed
         out["conditional_put"] = "etag"
         return out

@@ -8,6 +8,8 @@ that names the option and the fix. Options every twophase sink takes are in :dat
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, Iterable, Mapping, Optional, Sequence, TypeVar
 
@@ -55,6 +57,21 @@ def parse_size(v: str) -> int:
     s = str(v).strip().lower().removesuffix("b").removesuffix("i")
     mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}.get(s[-1:], 1)
     n = int(float(s[:-1] if mult > 1 else s) * mult)
+    if n <= 0:
+        raise ValueError("must be > 0")
+    return n
+
+
+def parse_duration_ms(v: str) -> int:
+    """'500' (ms), '10s', '10 seconds', '2 minutes', '1m', '250ms', '1h' -> milliseconds (> 0)."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(ms|milliseconds?|s|sec|secs|seconds?|m|min|mins|minutes?|h|hours?)?",
+                     str(v).strip().lower())
+    if not m:
+        raise ValueError("expected a duration such as '10 seconds' or '500ms'")
+    unit = m.group(2) or "ms"
+    mult = 1 if unit.startswith("ms") or unit.startswith("milli") else 1000 if unit.startswith("s") else \
+        60_000 if unit.startswith("m") else 3_600_000
+    n = int(float(m.group(1)) * mult)
     if n <= 0:
         raise ValueError("must be > 0")
     return n

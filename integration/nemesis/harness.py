@@ -16,9 +16,10 @@ Fault kinds (:data:`FAULTS`; see :func:`run_scenario` for the moments):
 ``python_worker``  SIGKILL one Python worker forked by an executor's ``pyspark.daemon``
 ``worker``         SIGKILL a whole Spark worker (the Worker daemon, its executor JVM and Python processes);
                    the cluster is healed (the worker restarted) after the run
-``fetch_failed``   SIGKILL an executor JVM while the sink stage of a batch runs: its shuffle map output is
-                   lost, so the retried task's fetch fails and Spark runs a new stage attempt while tasks of
-                   the old attempt may still finish (the event log shows whether it happened)
+``fetch_failed``   an executor JVM killed from inside a sink task of a seeded batch (fault point ``write`` or
+                   ``after_pre_commit``, scope ``auto``): its shuffle map output is lost, so the retried
+                   task's fetch fails and Spark runs a new stage attempt while the old attempt's task on the
+                   other executor may still finish (the event log counts FetchFailed and stage retries)
 ``speculation``    ``spark.speculation`` on, aggressive, and the first attempt of partition 0 straggles: a
                    speculative copy races it (the event log counts speculative tasks)
 ``driver``         SIGKILL the driver (its whole session: Python, JVM) at a random moment; restart
@@ -304,7 +305,7 @@ class S3Target(FileInput, Target):
         return listening_pid(self.servers.s3.endpoint.split("://", 1)[-1].rstrip("/"))
 
     def pause_options(self) -> dict[str, str]:
-        return {}
+        return {"s3.connectTimeout": "2s", "s3.readTimeout": "4s"}
 
 
 class DeltaTarget(S3Target):
@@ -388,7 +389,9 @@ class KafkaTarget(Target):
 
     def leftovers(self) -> list[str]:
         listed = self.sink()._client().list_transactions(self.prefix + "-")
-        return [f"open transaction {t[0]}" for t in listed or ()]
+        if listed is None:
+            raise NemesisError("the broker cannot list transactions: open transactions were not checked")
+        return [f"open transaction {t[0]}" for t in listed]
 
     def server_pid(self) -> Optional[int]:
         from integration.kafka.broker import listening_pid
@@ -573,7 +576,7 @@ class Scenario:
         jvms = executor_jvms(app_id)
         if not jvms:
             return None
-        if kind in ("executor_jvm", "fetch_failed"):
+        if kind == "executor_jvm":
             v = self.rng.choice(jvms)
             return v, f"executor JVM {v} (of {jvms})"
         if kind == "worker":
@@ -586,6 +589,25 @@ class Scenario:
         v = self.rng.choice(found)
         return v, f"Python worker {v} (of {found})"
 
+    def fetch_failed(self) -> None:
+        """An executor JVM killed by the ``write`` fault point (scope ``auto``) while a sink task of a
+        seeded batch runs: the shuffle map output on that executor is lost, so the task's retry fails to
+        fetch it (FetchFailed), Spark re-runs the map stage and a new attempt of the sink stage, while the
+        old attempt's task on the other executor may still finish and pre-commit."""
+        batches = self.rng.randrange(2, 4)
+        self.t.add_input(batches)
+        batch = self.first_batch() + self.rng.randrange(batches)
+        point = self.rng.choice(EXECUTOR_POINTS)
+        p, _ = self.start(fault=f"{point}@{batch}")
+        rc = self.wait(p)
+        fired = self.fired(self.n)
+        self.o.faults_injected += len(fired)
+        self.o.events.append(f"TWOPHASE_FAULT={point}@{batch} (scope auto: one executor JVM): fired "
+                             f"{fired or 'never'}, rc={rc}")
+        if rc != 0:
+            self.o.events.append(f"run {self.n} rc={rc}; restarting")
+            self.run_clean()
+
     def process_fault(self, kind: str) -> None:
         batches = self.rng.randrange(2, 4)
         self.t.add_input(batches)
@@ -595,14 +617,7 @@ class Scenario:
         app_id = self.app_id(app_file, p)
         if not self.wait_for(f"batch {batch}", lambda: self.in_flight(batch), p):
             raise NemesisError(f"job ended before batch {batch}; log:\n{self.tail()}")
-        if kind == "fetch_failed":
-            # the map stage of the batch done (its shuffle output on the executors), the sink stage
-            # running: the victim's map output is what the retried sink task then fails to fetch
-            done = stage_completions(self.event_dir)
-            self.wait_for(f"the map stage of batch {batch}", lambda: stage_completions(self.event_dir) > done, p)
-            delay = self.rng.uniform(0.1, 0.5)
-        else:
-            delay = self.rng.uniform(0.3, 1.8)
+        delay = self.rng.uniform(0.3, 1.8)
         time.sleep(delay)
         got = self.wait_for(f"a {kind} victim", lambda: self.victim(kind, app_id), p, timeout=30)
         if not got:
@@ -748,15 +763,6 @@ class Scenario:
             return []
 
 
-def stage_completions(event_dir: str) -> int:
-    """Stages completed so far by the scenario's jobs (Spark flushes its event log at each)."""
-    n = 0
-    for path in glob.glob(os.path.join(event_dir, "*")):
-        with open(path, errors="replace") as f:
-            n += sum(1 for line in f if '"SparkListenerStageCompleted"' in line)
-    return n
-
-
 def event_evidence(event_dir: str) -> dict[str, int]:
     """What Spark's event logs of the scenario show: stage retries, speculation, fetch failures, lost executors."""
     ev = Counter()
@@ -806,8 +812,10 @@ def run_scenario(sink: str, fault: str, seed: str, servers: Servers, tmp: str,
     try:
         t = TARGETS[sink](tmp, servers)
         sc = Scenario(t, servers.cluster, rng, o, log)
-        if fault in ("executor_jvm", "python_worker", "worker", "fetch_failed"):
+        if fault in ("executor_jvm", "python_worker", "worker"):
             sc.process_fault(fault)
+        elif fault == "fetch_failed":
+            sc.fetch_failed()
         elif fault == "driver":
             sc.driver_fault()
         elif fault == "protocol":
