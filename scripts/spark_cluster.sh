@@ -1,7 +1,8 @@
 #!/bin/bash
 # Start or stop a Spark standalone cluster on loopback for twophase's cluster tests (integration/cluster).
 #
-#   scripts/spark_cluster.sh start  [DIR]   a master and two workers (1 core, 2g each, own work dirs),
+#   scripts/spark_cluster.sh start  [DIR]   a master and two workers (1 core, 2g each, own work dirs, worker I
+#                                           on 127.0.0.I: two hosts to Spark),
 #                                           every port free-picked; waits until both workers are ALIVE
 #   scripts/spark_cluster.sh stop   [DIR]   SIGTERM exactly the PIDs recorded in DIR/cluster.env,
 #                                           SIGKILL after 5 s
@@ -98,13 +99,16 @@ daemon_env() { # daemon_env SPARK_HOME -> the env(1) prefix of every daemon
         SPARK_LOCAL_IP=127.0.0.1 SPARK_LOCAL_HOSTNAME=127.0.0.1 SPARK_NO_DAEMONIZE=1)
 }
 
+# Worker I listens on 127.0.0.I: to Spark each worker is its own host, as on a real cluster (a speculative
+# copy is never launched on the host of the attempt it races, so with one host there would be none).
 start_worker() { # start_worker I SPARK_HOME MASTER_PORT
-  local WW
+  local WW H="127.0.0.$1"
   WW=$(free_port)
   daemon_env "$2"
   mkdir -p "$D/worker$1"
-  setsid "${ENVV[@]}" SPARK_WORKER_DIR="$D/worker$1" "$2/bin/spark-class" org.apache.spark.deploy.worker.Worker \
-    "spark://127.0.0.1:$3" --host 127.0.0.1 --work-dir "$D/worker$1" --cores 1 --memory 2g --webui-port "$WW" \
+  setsid "${ENVV[@]}" SPARK_LOCAL_IP="$H" SPARK_LOCAL_HOSTNAME="$H" SPARK_WORKER_DIR="$D/worker$1" \
+    "$2/bin/spark-class" org.apache.spark.deploy.worker.Worker \
+    "spark://127.0.0.1:$3" --host "$H" --work-dir "$D/worker$1" --cores 1 --memory 2g --webui-port "$WW" \
     >>"$D/worker$1.log" 2>&1 </dev/null &
   echo "WORKER${1}_PID=$!" >>"$D/cluster.env"
   echo "WORKER${1}_DIR=$D/worker$1" >>"$D/cluster.env"

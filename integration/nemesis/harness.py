@@ -783,7 +783,7 @@ def event_evidence(event_dir: str) -> dict[str, int]:
                     if reason == "FetchFailed":
                         ev["fetch_failed"] += 1
                     elif reason not in ("Success", ""):
-                        ev["failed_tasks"] += 1
+                        ev["failed_or_killed_tasks"] += 1
                 elif kind == "SparkListenerExecutorRemoved":
                     ev["executors_lost"] += 1
     return dict(ev)
