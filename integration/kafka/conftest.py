@@ -1,17 +1,9 @@
-"""Fixtures of the Kafka integration tests: one broker per session (see :mod:`integration.kafka.broker`)."""
+"""Fixtures of the Kafka integration tests. The broker (``kafka_bootstrap``, one per session, see
+:mod:`integration.kafka.broker`) comes from integration/conftest.py, shared with the cluster nemesis."""
 
 from __future__ import annotations
 
 import pytest
-
-from integration.kafka.broker import kafka_broker
-
-
-@pytest.fixture(scope="session")
-def kafka_bootstrap():
-    """Bootstrap servers of a broker for this test session: KAFKA_BOOTSTRAP_SERVERS, Docker, or noida-db."""
-    with kafka_broker() as bootstrap:
-        yield bootstrap
 
 
 @pytest.fixture

@@ -9,7 +9,8 @@ Starts what it needs and stops it afterwards: a cluster (scripts/spark_cluster.s
 ``KAFKA_BOOTSTRAP_SERVERS``). Scenario ``i`` draws its sink and fault from ``random.Random(f"{seed}:{i}")``
 (each sink and fault kind in turn when ``--runs`` covers them, so a 30-run campaign meets every pair
 it can). Prints each outcome as it ends and the summary table (markdown) at the end; writes both
-(``summary.md``, ``outcomes.json``) to ``--out``. Exit code 1 if any scenario failed.
+(``summary.md``, ``outcomes.json``) to ``--out``. Exit code 1 if any scenario failed. An outcome line
+``kafka/pause seed=7.12 ...`` is replayed by ``--replay 7.12 --sinks kafka --faults pause``.
 """
 
 from __future__ import annotations
@@ -73,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="fault kinds (default: all of them); 'matrix' is every protocol point in one chain")
     ap.add_argument("--out", default="", help="directory for summary.md and outcomes.json (default: a temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep every scenario's directories (default: failed ones)")
+    ap.add_argument("--replay", default="", metavar="SCENARIO_SEED",
+                    help="run one scenario with this seed (as an outcome prints it, e.g. 7.12) for the one "
+                         "--sinks and --faults given")
     args = ap.parse_args(argv)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
     sinks = [s for s in args.sinks.split(",") if s]
@@ -84,17 +88,23 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or tempfile.mkdtemp(prefix="twophase-nemesis-")
     os.makedirs(out, exist_ok=True)
     base = tempfile.mkdtemp(prefix="twophase-nemesis-work-")
+    if args.replay:
+        if len(sinks) != 1 or len(faults) != 1:
+            ap.error("--replay needs exactly one --sinks and one --faults (as the outcome line names them)")
+        scenarios = [(sinks[0], faults[0], args.replay)]
+    else:
+        scenarios = plan(args.runs, seed, sinks, faults)
     print(f"nemesis: seed {seed} (replay: scripts/nemesis.sh --seed {seed} --runs {args.runs} "
           f"--sinks {','.join(sinks)} --faults {','.join(faults)}); results in {out}", flush=True)
     outcomes: list[Outcome] = []
     started = time.monotonic()
     with servers_for(sinks, base) as servers:
-        for i, (sink, fault, scenario_seed) in enumerate(plan(args.runs, seed, sinks, faults)):
+        for i, (sink, fault, scenario_seed) in enumerate(scenarios):
             if not servers.available(sink):
-                print(f"[{i + 1}/{args.runs}] {sink}/{fault}: skipped (no server)", flush=True)
+                print(f"[{i + 1}/{len(scenarios)}] {sink}/{fault}: skipped (no server)", flush=True)
                 continue
             tmp = new_tmp(base, sink, fault)
-            print(f"[{i + 1}/{args.runs}] {sink}/{fault} seed={scenario_seed}", flush=True)
+            print(f"[{i + 1}/{len(scenarios)}] {sink}/{fault} seed={scenario_seed}", flush=True)
             o = run_scenario(sink, fault, scenario_seed, servers, tmp,
                              log=lambda s: print(s, flush=True))
             outcomes.append(o)
