@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+import re
+from typing import Any, Mapping, Optional
 
+from twophase._redact import MASK, is_secret_name, redact_text
 from twophase.errors import ConfigurationError
 
 
@@ -15,10 +17,14 @@ def kafka_python_config(raw: Mapping[str, Any], defaults: Mapping[str, Any], *, 
     know is a :class:`ConfigurationError` naming the option.
     """
     out: dict[str, Any] = {}
+    jaas: Optional[str] = None
     for key, value in raw.items():
         if not key.startswith("kafka."):
             continue
         name = key[len("kafka."):]
+        if name == "sasl.jaas.config":
+            jaas = str(value)
+            continue
         if name in reserved:
             raise ConfigurationError(f"{what}: option {key!r} cannot be set: {reserved[name]}")
         arg = name.replace(".", "_")
@@ -39,5 +45,53 @@ def kafka_python_config(raw: Mapping[str, Any], defaults: Mapping[str, Any], *, 
             else:
                 out[arg] = str(value)
         except ValueError:
-            raise ConfigurationError(f"{what}: option {key!r}={value!r} must be a number") from None
+            shown = MASK if is_secret_name(key) else redact_text(repr(value))
+            raise ConfigurationError(f"{what}: option {key!r}={shown} must be a number") from None
+    if jaas is not None:
+        _apply_jaas(out, jaas, what=what)
     return out
+
+
+_JAAS = re.compile(r"\s*(?P<module>[\w.$]+)\s+(?:required|requisite|sufficient|optional)\b(?P<opts>.*?)\s*;?\s*", re.S)
+_JAAS_OPTION = re.compile(r"""\s*(?P<name>\w+)\s*=\s*(?:"(?P<quoted>(?:[^"\\]|\\.)*)"|(?P<bare>[^\s;"]+))""", re.S)
+_JAAS_MODULES = {"PlainLoginModule": "PLAIN", "ScramLoginModule": None}
+
+
+def _apply_jaas(out: dict[str, Any], jaas: str, *, what: str) -> None:
+    """``kafka.sasl.jaas.config`` (as Spark's Kafka source takes it) for the PLAIN and SCRAM login modules
+    -> kafka-python's ``sasl_plain_username`` / ``sasl_plain_password``. Errors never show the value
+    (it holds a password); see :mod:`twophase._redact`."""
+    key = "kafka.sasl.jaas.config"
+    m = _JAAS.fullmatch(jaas)
+    opts: dict[str, str] = {}
+    if m:
+        rest = m.group("opts")
+        while rest.strip():
+            o = _JAAS_OPTION.match(rest)
+            if o is None:
+                m = None
+                break
+            opts[o.group("name")] = o.group("quoted").replace('\\"', '"') if o.group("quoted") is not None \
+                else o.group("bare")
+            rest = rest[o.end():]
+    if m is None:
+        raise ConfigurationError(f"{what}: option {key!r} is not a JAAS login module entry like "
+                                 "'org.apache.kafka.common.security.plain.PlainLoginModule required "
+                                 "username=\"...\" password=\"...\";' (value not shown: it holds a secret)")
+    module = m.group("module").rsplit(".", 1)[-1]
+    if module not in _JAAS_MODULES:
+        raise ConfigurationError(f"{what}: option {key!r} names the login module {module!r}; kafka-python takes "
+                                 "only PlainLoginModule or ScramLoginModule here (use kafka.sasl.mechanism and its "
+                                 "own kafka.* settings for GSSAPI / OAUTHBEARER)")
+    if "username" not in opts or "password" not in opts:
+        raise ConfigurationError(f"{what}: option {key!r} needs username=\"...\" and password=\"...\"")
+    for arg, value in (("sasl_plain_username", opts["username"]), ("sasl_plain_password", opts["password"])):
+        if arg in out and out[arg] != value:
+            raise ConfigurationError(f"{what}: options {key!r} and 'kafka.{arg.replace('_', '.')}' disagree; "
+                                     "give one of them")
+        out[arg] = value
+    mechanism = _JAAS_MODULES[module]
+    if mechanism is None and not str(out.get("sasl_mechanism") or "").upper().startswith("SCRAM-"):
+        raise ConfigurationError(f"{what}: option {key!r} uses ScramLoginModule: set kafka.sasl.mechanism to "
+                                 "SCRAM-SHA-256 or SCRAM-SHA-512")
+    out.setdefault("sasl_mechanism", mechanism)

@@ -61,6 +61,7 @@ from sinks.s3 import (MultipartStream, S3_CLIENT_OPTIONS, abort_lingering_upload
 from sinks._naming import internal_rel, own_part_checkpoint
 from twophase import faults
 from twophase._logging import get_logger
+from twophase._redact import safe_repr
 from twophase.errors import ConfigurationError, MissingDependencyError, TransientSinkError, TwoPhaseError
 from twophase.log import TransactionLog, _fsync_dir, makedirs_durable
 from twophase.log_s3 import S3Config, error_code, open_log_store, parse_s3_url
@@ -95,6 +96,7 @@ def _deltalake() -> Any:
     return deltalake
 
 
+@safe_repr
 @dataclass(frozen=True)
 class DeltaSinkOptions:
     """Validated options of the Delta sink (see :data:`DELTA_OPTIONS`)."""

@@ -100,6 +100,7 @@ import pyarrow as pa
 from sinks._kafka_config import kafka_python_config
 from sinks.s3 import S3_CLIENT_OPTIONS, s3_config_from
 from twophase._logging import get_logger
+from twophase._redact import safe_repr
 from twophase.errors import ConcurrentWriterError, ConfigurationError, DataLossError, FencedError, TransientSinkError
 from twophase.log import LogStore, TransactionLog, decode_record, encode_record
 from twophase.log_s3 import S3_SCHEMES, S3Config, open_log_store, parse_s3_url
@@ -182,9 +183,12 @@ def _join(location: str, *names: str) -> str:
     return os.path.join(location, *names)
 
 
+@safe_repr
 @dataclass(frozen=True)
 class KafkaSinkOptions:
-    """Validated options of the Kafka sink (see :data:`KAFKA_SINK_OPTIONS` and any ``kafka.*``)."""
+    """Validated options of the Kafka sink (see :data:`KAFKA_SINK_OPTIONS` and any ``kafka.*``).
+
+    Its repr masks secrets (SASL / SSL passwords in ``producer_config``, S3 keys): :mod:`twophase._redact`."""
 
     bootstrap_servers: tuple[str, ...]
     topic: Optional[str]
@@ -201,8 +205,8 @@ class KafkaSinkOptions:
     prefix_registry: Optional[str] = None
     commit_parallelism: int = 8
     columns: tuple[str, ...] = ()
-    #: endpoint and credentials of a log / prefix registry on S3 (``s3.*`` options); never in repr (secrets)
-    s3: S3Config = field(default_factory=S3Config, repr=False)
+    #: endpoint and credentials of a log / prefix registry on S3 (``s3.*`` options); its repr masks the secrets
+    s3: S3Config = field(default_factory=S3Config)
 
     @classmethod
     def from_options(cls, raw: Mapping[str, Any], schema: Any = None) -> "KafkaSinkOptions":

@@ -50,6 +50,7 @@ from sinks._naming import internal_rel, own_part_checkpoint, part_file_name
 from sinks._formats import (EXTENSIONS, FORMATS, FileLikeTransaction, FormatWriter, open_format_writer,
                             write_rolling)
 from twophase._logging import get_logger
+from twophase._redact import safe_repr
 from twophase.errors import CommitFailedError, ConfigurationError, DataLossError, TransientSinkError
 from twophase.log import TransactionLog
 from twophase.log_s3 import S3Config, error_code, http_status, open_log_store, parse_s3_url
@@ -93,6 +94,7 @@ def s3_config_from(o: Mapping[str, Any]) -> S3Config:
                     read_timeout_ms=o.get("s3.readTimeout"))
 
 
+@safe_repr
 @dataclass(frozen=True)
 class S3SinkOptions:
     """Validated options of the S3 sink (see :data:`S3_OPTIONS`)."""

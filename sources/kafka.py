@@ -31,6 +31,7 @@ from sinks._kafka_config import kafka_python_config
 from sources._kafka_offsets import (KafkaSplit, Offsets, flatten, next_end, normalize, parse_starting_offsets,
                                     plan_splits, resolve_start)
 from twophase._logging import get_logger
+from twophase._redact import safe_repr
 from twophase.errors import ConfigurationError, DataLossError, MissingDependencyError, TransientSinkError
 from twophase.options import Option, parse_bool, parse_positive_int, parse_options
 
@@ -70,9 +71,10 @@ def arrow_schema(include_headers: bool) -> pa.Schema:
     return ARROW_SCHEMA.append(HEADERS_FIELD) if include_headers else ARROW_SCHEMA
 
 
+@safe_repr
 @dataclass(frozen=True)
 class KafkaSourceOptions:
-    """Validated options of the Kafka source."""
+    """Validated options of the Kafka source; its repr masks secrets in ``consumer_config`` (:mod:`twophase._redact`)."""
 
     consumer_config: Mapping[str, Any]
     subscribe: tuple[str, ...] = ()

@@ -20,6 +20,7 @@ import os
 import sys
 from typing import Any, Optional, Sequence
 
+from twophase._redact import redact_json, redact_mapping, redact_text
 from twophase.errors import TwoPhaseError
 from twophase.log import TransactionLog
 
@@ -44,7 +45,9 @@ def _fmt_ts(ts: Optional[float]) -> str:
 
 
 def inspect_log(location: str, sink_id: Optional[str] = None) -> dict[str, Any]:
-    """Everything the log at ``location`` says, as plain data."""
+    """Everything the log at ``location`` says, as plain data, redacted (:mod:`twophase._redact`): no
+    secret is shown even if a record held one (handles and the owner / query records by field name,
+    every string for embedded secrets such as ``user:password@`` in a URL)."""
     location = _resolve_log_location(location, sink_id)
     log = TransactionLog.open(location, sink_id or "?")
     owner = log.owner()
@@ -57,8 +60,12 @@ def inspect_log(location: str, sink_id: Optional[str] = None) -> dict[str, Any]:
         d["records"] = sum(int(h.get("records", 0) or 0) for h in rec.handles.values())
         d["commit_ms"] = (round((ts["COMMITTED"] - ts["COMPLETED"]) * 1e3, 3)
                           if "COMMITTED" in ts and "COMPLETED" in ts else None)
-        checkpoints.append(d)
-    return {"location": log.location, "owner": owner, "query": log.query(), "checkpoints": checkpoints}
+        # handles: fields the sink named (a secret-named one is masked); the rest is keyed by data (topics,
+        # task ids), so only secrets inside its strings are masked
+        checkpoints.append({**redact_json(d), "handles": redact_mapping(d.get("handles") or {})})
+    query = log.query()
+    return {"location": redact_text(log.location), "owner": redact_mapping(owner) if owner else owner,
+            "query": redact_mapping(query) if query else query, "checkpoints": checkpoints}
 
 
 def _recorded_sink_id(location: str) -> str:
@@ -145,7 +152,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             sys.stdout.write(f"checkpoint {rec['checkpoint_id']} recorded as {rec['state']}: {rec['reason']}\n")
             return 0
     except TwoPhaseError as e:
-        sys.stderr.write(f"twophase: {e}\n")
+        sys.stderr.write(f"twophase: {redact_text(str(e))}\n")
         return 2
     return 1
 

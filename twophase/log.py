@@ -51,6 +51,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Iterator, Mapping, Optional
 
 from twophase._logging import get_logger
+from twophase._redact import redact_text
 from twophase.checkpoint import CheckpointProperties, CompletedCheckpoint, Handle
 from twophase.errors import (ConcurrentWriterError, ConfigurationError, LogCorruptError, QueryMismatchError,
                              TransientSinkError)
@@ -512,15 +513,18 @@ class TransactionLog:
         return self._read_once(name), False
 
     def _claim_owner(self, owner: str) -> None:
+        # the owner is recorded without a password a checkpoint URL may carry (user:password@): the log
+        # never holds credentials (twophase._redact); an older record with the full URL still matches
+        given, owner = owner, redact_text(owner)
         current, created = self._write_once("owner.json", {"sink_id": self.sink_id, "owner": owner,
                                                             "host": socket.gethostname(), "claimed_at": time.time()})
         if created:
             _log.info("log_claimed", sink_id=self.sink_id, owner=owner, location=self.location)
             return
-        if current is None or current.get("owner") != owner or current.get("sink_id") != self.sink_id:
+        if current is None or current.get("owner") not in (owner, given) or current.get("sink_id") != self.sink_id:
             raise ConcurrentWriterError(
                 f"sink id {self.sink_id!r} (log {self.location}) is owned by "
-                f"{current.get('owner') if current else '?'!r}; this writer is {owner!r}. Two queries must not share "
+                f"{redact_text(str(current.get('owner'))) if current else '?'!r}; this writer is {owner!r}. Two queries must not share "
                 "a sink: give this one its own output path or 'sink.id', or delete the old output to start over")
 
     def owner(self) -> Optional[dict[str, Any]]:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
 from twophase._logging import get_logger
+from twophase._redact import safe_repr
 from twophase.errors import ConfigurationError, MissingDependencyError, TransientSinkError
 from twophase.log import LogStore, ReentrantFileLock, open_store, register_store
 
@@ -49,9 +50,12 @@ def parse_s3_url(url: str, *, option: str = "path") -> tuple[str, str]:
     return bucket, prefix.strip("/")
 
 
+@safe_repr
 @dataclass(frozen=True)
 class S3Config:
-    """How to reach S3. Every field left None follows boto3's environment and config files."""
+    """How to reach S3. Every field left None follows boto3's environment and config files.
+
+    Its repr masks the secret key and session token (:mod:`twophase._redact`); pickles carry them."""
 
     endpoint: Optional[str] = None
     region: Optional[str] = None

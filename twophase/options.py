@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, Iterable, Mapping, Optional, Sequence, TypeVar
 
+from twophase._redact import MASK, is_secret_name, redact_text, redact_values
 from twophase.errors import ConfigurationError
 
 T = TypeVar("T")
@@ -99,6 +100,11 @@ COMMON_OPTIONS: tuple[Option[Any], ...] = (
 )
 
 
+def _shown(key: str, value: Any) -> str:
+    """How an option's value appears in an error message: masked when the option is secret."""
+    return MASK if is_secret_name(key) else redact_text(repr(value))
+
+
 def parse_options(raw: Mapping[str, Any], declared: Sequence[Option[Any]], *, sink: str,
                   prefixes: Iterable[str] = ()) -> dict[str, Any]:
     """Validate ``raw`` against ``declared`` (plus :data:`COMMON_OPTIONS`); return ``{key: value}``.
@@ -125,7 +131,8 @@ def parse_options(raw: Mapping[str, Any], declared: Sequence[Option[Any]], *, si
             try:
                 out[spec.key] = spec.parse(lowered[lk])
             except (ValueError, TypeError) as e:
-                raise ConfigurationError(f"{sink}: option {spec.key!r}={lowered[lk]!r} is invalid: {e}"
+                raise ConfigurationError(f"{sink}: option {spec.key!r}={_shown(spec.key, lowered[lk])} is invalid: "
+                                         f"{redact_values(redact_text(str(e)), [lowered[lk]]) if is_secret_name(spec.key) else redact_text(str(e))}"
                                          + (f" ({spec.help})" if spec.help else "")) from None
         elif spec.required:
             raise ConfigurationError(f"{sink}: option {spec.key!r} is required" + (f": {spec.help}" if spec.help else ""))
