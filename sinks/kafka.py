@@ -100,7 +100,7 @@ import pyarrow as pa
 from sinks._kafka_config import kafka_python_config
 from sinks.s3 import S3_CLIENT_OPTIONS, s3_config_from
 from twophase._logging import get_logger
-from twophase._redact import safe_repr
+from twophase._redact import is_secret_name, redact_text, redact_values, safe_repr
 from twophase.errors import ConcurrentWriterError, ConfigurationError, DataLossError, FencedError, TransientSinkError
 from twophase.log import LogStore, TransactionLog, decode_record, encode_record
 from twophase.log_s3 import S3_SCHEMES, S3Config, open_log_store, parse_s3_url
@@ -619,8 +619,9 @@ class KafkaSink(TwoPhaseCommitSink[dict, KafkaTransaction]):
         try:
             return KafkaProducer(**cfg)
         except Exception as e:
+            secrets = [v for k, v in cfg.items() if is_secret_name(k) and isinstance(v, str)]
             raise TransientSinkError(f"{SINK}: cannot create a producer for {','.join(self.options.bootstrap_servers)}: "
-                                     f"{type(e).__name__}: {e}") from e
+                                     f"{type(e).__name__}: {redact_values(redact_text(str(e)), secrets)}") from e
 
     def begin_transaction(self, context: TransactionContext) -> KafkaTransaction:
         if self.guarantee is Guarantee.AT_LEAST_ONCE:
