@@ -1,7 +1,7 @@
 """Every sink on a real Spark standalone cluster under the nemesis (integration/nemesis/harness.py).
 
-* ``test_cluster_crash_matrix[sink]``: every protocol point of the sink once, in one chain of runs on the
-  cluster; executor points kill one executor JVM (the job goes on, the task is retried on the other),
+* ``test_cluster_crash_matrix[sink]`` (with ``TWOPHASE_NEMESIS=1``; scripts/nemesis.sh ``--faults matrix``):
+  every protocol point of the sink once, in one chain of runs on the cluster; executor points kill one executor JVM (the job goes on, the task is retried on the other),
   driver points the driver (restarted); recovery itself is killed once (``in_recovery``). Afterwards,
   and after each driver kill: every input record exactly once, no leftovers, every log record final.
 * ``test_cluster_nemesis[sink-fault]``: a short selection of random faults from a fixed seed
@@ -51,6 +51,7 @@ def _assert_ok(o) -> None:
     assert o.ok, detail
 
 
+@pytest.mark.skipif(not LONG, reason="each sink's crash matrix on the cluster (3-6 min each): TWOPHASE_NEMESIS=1")
 @pytest.mark.parametrize("sink", SINKS)
 def test_cluster_crash_matrix(sink: str, servers: Servers, tmp_path) -> None:
     o = run_scenario(sink, "matrix", SEED, _ready(servers, sink), str(tmp_path))
