@@ -70,7 +70,7 @@ def test_s3_log_store_is_registered_for_s3_locations() -> None:
     assert parse_s3_url("s3a://b/p/") == ("b", "p")
 
 
-def test_s3_log_inv3_lock_is_reentrant_and_exclusive() -> None:
+def test_s3_log_inv4_lock_is_reentrant_and_exclusive() -> None:
     import threading
     store = S3LogStore("s3://b/lock-test")
     other = S3LogStore("s3://b/lock-test")  # same location: same lock file, another open file description

@@ -203,7 +203,7 @@ def test_log_inv7_concurrent_creators_of_one_record_one_wins(tmp_path) -> None:
 # ---------------------------------------------------------------- scenario 9: durability of new directories
 
 
-def test_log_inv1_new_directories_are_fsynced(tmp_path, monkeypatch) -> None:
+def test_log_inv8_new_directories_are_fsynced(tmp_path, monkeypatch) -> None:
     """Every directory twophase creates has its parent fsynced, so a committed entry survives power loss."""
     import twophase.log as logmod
     synced: list[str] = []

@@ -66,7 +66,7 @@ def test_barriers_tracking_duplicates_after_failure(tmp_path):
 
 
 @pytest.mark.parametrize("fail_at", [30, 400])
-def test_barriers_unaligned_exactly_once_after_failure(tmp_path, fail_at):
+def test_barriers_unaligned_inv6_exactly_once_after_failure(tmp_path, fail_at):
     out = str(tmp_path / "out")
     holder = {}
     fail = FailOnce(fail_at, armed=lambda: len(holder["r"].metrics.checkpoints_completed) >= 2)
@@ -84,7 +84,7 @@ def test_barriers_unaligned_exactly_once_after_failure(tmp_path, fail_at):
             assert counts.get(split, 0) + flight[split] == pos[split], (rec.checkpoint_id, split)
 
 
-def test_barriers_unaligned_records_in_flight_data(tmp_path):
+def test_barriers_unaligned_inv6_records_in_flight_data(tmp_path):
     g, sink, expected = two_source_job(str(tmp_path / "out"), b_delay=0.02)
     runner(g, "unaligned", interval=0.02).run()
     assert any(in_flight_per_split(r.task_state) for r in completed_records(sink) if r.task_state), \

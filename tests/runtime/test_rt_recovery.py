@@ -74,7 +74,7 @@ def test_job_no_restart_fails_then_resumes_from_log(tmp_path):
     assert_exactly_once(out, expected)
 
 
-def test_job_expired_checkpoints_are_cancelled_and_data_carried_forward(tmp_path):
+def test_tasks_inv2_expired_checkpoints_are_cancelled_and_data_carried_forward(tmp_path):
     """Checkpoints that time out are aborted (cancel markers flow); pre-committed files of the sink are
     carried into the next checkpoint, so nothing is lost or duplicated."""
     out = str(tmp_path / "out")

@@ -107,7 +107,7 @@ def _savepoint_job(out, *, variant, data, unbounded):
     return g, sink
 
 
-def test_savepoint_restore_with_operator_added_and_removed(tmp_path):
+def test_savepoint_inv2_inv3_restore_with_operator_added_and_removed(tmp_path):
     out, sp = str(tmp_path / "out"), str(tmp_path / "sp" / "savepoint-1")
     data = [{"id": i, "k": i % 3} for i in range(3000)]
     g1, sink = _savepoint_job(out, variant=1, data=data, unbounded=True)
