@@ -124,7 +124,7 @@ def test_log_inv5_a_new_query_at_the_same_checkpoint_location_is_refused(tmp_pat
     assert isinstance(e.value, ConcurrentWriterError)
 
 
-def test_file_sink_reset_checkpoint_never_drops_new_batches(tmp_path) -> None:
+def test_coordinator_inv6_reset_checkpoint_never_drops_new_batches(tmp_path) -> None:
     """Batch ids restart at 0 after a reset; the old log must not swallow the new query's data."""
     out = str(tmp_path / "out")
     s = FileSink.from_options({"path": out})
