@@ -43,8 +43,8 @@ Invariants (``test_kafka_sink_invN_*``):
    ``twophase log resolve <log> --checkpoint N --accept-loss``. Never silently dropped.
 3. ``abort`` never touches committed records (the broker refuses to abort a committed epoch; noida-db
    answers success to an abort after commit and keeps the records). Needs a broker: shown by
-   ``integration/kafka/test_kafka_sink.py::test_kafka_sink_inv1_driver_commits_after_writer_exited_and_inv2_repeat``
-   (an abort after the commit), there is no fast ``test_kafka_sink_inv3_*``.
+   ``integration/kafka/test_kafka_sink.py::test_kafka_sink_inv1_inv2_inv3_driver_commits_after_writer_exited_repeat_and_abort_keep_data``
+   (an abort after the commit, read back with read_committed).
 4. No attempt initialises a transactional id whose transaction may still be committed. A handle
    exists only for a transaction that was Ongoing with records at pre_commit (checked then), and an
    Ongoing id is never initialised by a probing attempt; so attempts of one partition and checkpoint

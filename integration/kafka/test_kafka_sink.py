@@ -56,7 +56,7 @@ def _no_open_transactions(sink: KafkaSink) -> bool:
     return not sink._client().list_transactions(sink.prefix + "-")
 
 
-def test_kafka_sink_inv1_driver_commits_after_writer_exited_and_inv2_repeat(env, kafka_bootstrap):
+def test_kafka_sink_inv1_inv2_inv3_driver_commits_after_writer_exited_repeat_and_abort_keep_data(env, kafka_bootstrap):
     raw, topic = env
     sink = KafkaSink.from_options(raw, SCHEMA)
     ack = _write_elsewhere(raw, 0, "0", 0, 20, "a")
