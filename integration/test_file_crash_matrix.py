@@ -45,11 +45,16 @@ def test_crash_matrix_file_sink(tmp_path, point):
 
     rc = run_file_job(inp, out, ck, log_path=log2)
     assert rc == 0, open(log2).read()[-3000:]
+    assert_recovered(ids, out)
+
+
+def assert_recovered(ids: list[int], out: str) -> None:
+    """After the clean restart: every id exactly once, no staged attempt left, every log record final."""
     report = check_exactly_once(ids, read_ids(out))
     assert report.ok, report.line()
     assert staging_leftovers(out) == [], "staged files left after recovery"
-    log = TransactionLog.open(default_log_location(os.path.abspath(out), f"file:{os.path.abspath(out)}"),
-                             f"file:{os.path.abspath(out)}")
+    root = os.path.abspath(out)
+    log = TransactionLog.open(default_log_location(root, f"file:{root}"), f"file:{root}")
     assert log.unfinished() == [], "a checkpoint was left PENDING or COMPLETED"
 
 
@@ -65,9 +70,4 @@ def test_file_sink_inv4_crash_before_complete_of_last_batch_leaves_no_staging(tm
     assert rc == -9, f"job was not killed (rc={rc}); see {open(log1).read()[-3000:]}"
     rc = run_file_job(inp, out, ck, log_path=log2, extra=("--partitions", "2"))
     assert rc == 0, open(log2).read()[-3000:]
-    report = check_exactly_once(ids, read_ids(out))
-    assert report.ok, report.line()
-    assert staging_leftovers(out) == [], "staged files left after the last batch"
-    log = TransactionLog.open(default_log_location(os.path.abspath(out), f"file:{os.path.abspath(out)}"),
-                             f"file:{os.path.abspath(out)}")
-    assert log.unfinished() == [], "a checkpoint was left PENDING or COMPLETED"
+    assert_recovered(ids, out)

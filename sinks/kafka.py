@@ -106,7 +106,7 @@ from twophase._redact import is_secret_name, redact_text, redact_values, safe_re
 from twophase.errors import ConcurrentWriterError, ConfigurationError, DataLossError, FencedError, TransientSinkError
 from twophase.log import LogStore, TransactionLog, decode_record, encode_record
 from twophase.log_s3 import S3_SCHEMES, S3Config, open_log_store, parse_s3_url
-from twophase.options import Option, parse_positive_int, parse_options
+from twophase.options import Option, parse_duration_ms, parse_positive_int, parse_options
 from twophase.sink import Guarantee, TransactionContext, TwoPhaseCommitSink
 
 _log = get_logger(__name__)
@@ -131,21 +131,6 @@ _RESERVED = {
     "key.serializer": "write a binary or string 'key' column",
     "value.serializer": "write a binary or string 'value' column",
 }
-
-
-def parse_duration_ms(v: str) -> int:
-    """'500' (ms), '10s', '10 seconds', '2 minutes', '1m', '250ms' -> milliseconds."""
-    s = str(v).strip().lower()
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(ms|milliseconds?|s|sec|secs|seconds?|m|min|mins|minutes?|h|hours?)?", s)
-    if not m:
-        raise ValueError("expected a duration such as '10 seconds' or '500ms'")
-    unit = m.group(2) or "ms"
-    mult = 1 if unit.startswith("ms") or unit.startswith("milli") else 1000 if unit.startswith("s") else \
-        60_000 if unit.startswith("m") else 3_600_000
-    n = int(float(m.group(1)) * mult)
-    if n <= 0:
-        raise ValueError("must be > 0")
-    return n
 
 
 KAFKA_SINK_OPTIONS: tuple[Option[Any], ...] = (

@@ -598,15 +598,8 @@ class Scenario:
         self.t.add_input(batches)
         batch = self.first_batch() + self.rng.randrange(batches)
         point = self.rng.choice(EXECUTOR_POINTS)
-        p, _ = self.start(fault=f"{point}@{batch}")
-        rc = self.wait(p)
-        fired = self.fired(self.n)
-        self.o.faults_injected += len(fired)
-        self.o.events.append(f"TWOPHASE_FAULT={point}@{batch} (scope auto: one executor JVM): fired "
-                             f"{fired or 'never'}, rc={rc}")
-        if rc != 0:
-            self.o.events.append(f"run {self.n} rc={rc}; restarting")
-            self.run_clean()
+        rc, _ = self.faulted_run(f"{point}@{batch}", pace=PACE, note=" (scope auto: one executor JVM)")
+        self.supervise(rc)
 
     def process_fault(self, kind: str) -> None:
         batches = self.rng.randrange(2, 4)
@@ -632,9 +625,7 @@ class Scenario:
         rc = self.wait(p)
         if kind == "worker":
             self.cluster.heal()
-        if rc != 0:  # tolerated: a supervisor restarts the query; the outcome is what counts
-            self.o.events.append(f"run {self.n} rc={rc}; restarting")
-            self.run_clean()
+        self.supervise(rc)
 
     def driver_fault(self) -> None:
         batches = self.rng.randrange(2, 4)
@@ -658,19 +649,14 @@ class Scenario:
         self.t.add_input(batches)
         batch = self.first_batch() + self.rng.randrange(batches)
         point = self.rng.choice(DRIVER_POINTS + EXECUTOR_POINTS)
-        p, _ = self.start(fault=f"{point}@{batch}", pace=0)
-        rc = self.wait(p)
-        fired = self.fired(self.n)
-        self.o.faults_injected += len(fired)
-        self.o.events.append(f"TWOPHASE_FAULT={point}@{batch}: fired {fired or 'never'}, rc={rc}")
+        rc, _ = self.faulted_run(f"{point}@{batch}")
         if point in DRIVER_POINTS:
             if rc != -signal.SIGKILL:
                 raise NemesisError(f"the driver was not killed at {point}@{batch} (rc={rc}); log:\n{self.tail()}")
             self.check_after_crash(f"{point}@{batch}")
             self.run_clean()
-        elif rc != 0:
-            self.o.events.append(f"run {self.n} rc={rc}; restarting")
-            self.run_clean()
+        else:
+            self.supervise(rc)
 
     def recovery_fault(self) -> None:
         self.t.add_input(2)
@@ -678,11 +664,7 @@ class Scenario:
         first = self.rng.choice(("after_complete", "mid_commit"))
         second = self.rng.choice(("in_recovery", "mid_commit"))
         for fault in (f"{first}@{batch}", f"{second}@{batch}"):
-            p, _ = self.start(fault=fault, pace=0)
-            rc = self.wait(p)
-            fired = self.fired(self.n)
-            self.o.faults_injected += len(fired)
-            self.o.events.append(f"TWOPHASE_FAULT={fault}: fired {fired or 'never'}, rc={rc}")
+            rc, _ = self.faulted_run(fault)
             if rc != -signal.SIGKILL:
                 raise NemesisError(f"run {self.n} was not killed at {fault} (rc={rc}); log:\n{self.tail()}")
             self.check_after_crash(fault)
@@ -695,9 +677,7 @@ class Scenario:
         self.o.faults_injected += 1
         self.o.events.append(f"speculation on; partition 0 straggles {straggle:.1f}s in its first attempt")
         rc = self.wait(p)
-        if rc != 0:
-            self.o.events.append(f"run {self.n} rc={rc}; restarting")
-            self.run_clean()
+        self.supervise(rc)
 
     def pause(self) -> None:
         pid = self.t.server_pid()
@@ -719,9 +699,7 @@ class Scenario:
             self.o.faults_injected += 1
             self.o.events.append(f"batch {batch}: {self.t.server_kind} server {pid} paused {seconds:.1f}s")
         rc = self.wait(p)
-        if rc != 0:
-            self.o.events.append(f"run {self.n} rc={rc} after the pause; restarting")
-            self.run_clean()
+        self.supervise(rc, " after the pause")
 
     def matrix(self) -> None:
         """Every protocol point once, on the cluster, in one chain of runs (each restart recovers the
@@ -744,16 +722,28 @@ class Scenario:
                  (f"after_complete@{b + 2}", 1), (f"in_recovery@{b + 2}", 1), (f"mid_commit@{b + 3}", 1),
                  (f"after_commit@{b + 4}", 1)]
         for fault, points in chain:
-            p, _ = self.start(fault=fault, pace=0)
-            rc = self.wait(p)
-            fired = self.fired(self.n)
-            self.o.faults_injected += len(fired)
-            self.o.events.append(f"TWOPHASE_FAULT={fault}: fired {fired or 'never'}, rc={rc}")
+            rc, fired = self.faulted_run(fault)
             if rc != -signal.SIGKILL or len(fired) != points:
                 raise NemesisError(f"run {self.n} ({fault}): expected the driver killed after {points} fault(s), "
                                    f"got rc={rc}, fired {fired}; log:\n{self.tail()}")
             self.check_after_crash(fault)
         self.run_clean()
+
+    def supervise(self, rc: int, after: str = "") -> None:
+        """What a supervisor does with a run's exit code: a failed query is restarted until it finishes."""
+        if rc != 0:
+            self.o.events.append(f"run {self.n} rc={rc}{after}; restarting")
+            self.run_clean()
+
+    def faulted_run(self, fault: str, *, pace: float = 0.0, note: str = "") -> tuple[int, list[str]]:
+        """One run with ``TWOPHASE_FAULT=fault`` (scope ``auto``): its exit code and the points that fired
+        (counted as injected faults and recorded as an event)."""
+        p, _ = self.start(fault=fault, pace=pace)
+        rc = self.wait(p)
+        fired = self.fired(self.n)
+        self.o.faults_injected += len(fired)
+        self.o.events.append(f"TWOPHASE_FAULT={fault}{note}: fired {fired or 'never'}, rc={rc}")
+        return rc, fired
 
     def fired(self, n: int) -> list[str]:
         try:
