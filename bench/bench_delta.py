@@ -25,7 +25,7 @@ import pyarrow as pa  # noqa: E402
 from deltalake import DeltaTable, write_deltalake  # noqa: E402
 
 from _s3bench import endpoint, make_batch, stop  # noqa: E402
-from sinks.delta import DeltaSink  # noqa: E402
+from twophase.sinks.delta import DeltaSink  # noqa: E402
 from twophase.coordinator import CheckpointCoordinator  # noqa: E402
 from twophase.log_s3 import S3Config  # noqa: E402
 from twophase.sink import TransactionContext, run_task  # noqa: E402

@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 def run_spark(spark, bootstrap: str, guarantee: str, rows: int, batches: int, partitions: int, tmp: str) -> dict:
     from integration.kafka.broker import create_topic, unique
-    from sinks.kafka import KafkaSink
+    from twophase.sinks.kafka import KafkaSink
 
     topic = create_topic(bootstrap, unique(f"bench-{guarantee}"), partitions)
     ck = os.path.join(tmp, f"ck-{guarantee}")

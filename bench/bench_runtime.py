@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import pyarrow as pa  # noqa: E402
 
-from sinks.files import FileSink  # noqa: E402
+from twophase.sinks.files import FileSink  # noqa: E402
 from twophase.runtime import CheckpointConfig, CollectionSource, FixedDelayRestart, JobGraph, JobRunner  # noqa: E402
 
 

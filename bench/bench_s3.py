@@ -25,7 +25,7 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
 from _s3bench import endpoint, make_batch, stop  # noqa: E402
-from sinks.s3 import S3Sink  # noqa: E402
+from twophase.sinks.s3 import S3Sink  # noqa: E402
 from twophase.coordinator import CheckpointCoordinator  # noqa: E402
 from twophase.log_s3 import S3Config  # noqa: E402
 from twophase.sink import TransactionContext, run_task  # noqa: E402

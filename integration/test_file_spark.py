@@ -12,7 +12,7 @@ import os
 import pytest
 
 from integration.fileio import check_exactly_once, make_input, read_ids, staging_leftovers
-from sinks._naming import default_log_location, internal_rel
+from twophase.sinks._naming import default_log_location, internal_rel
 from twophase.errors import ConcurrentWriterError
 from twophase.log import TransactionLog
 from twophase.states import CheckpointState
@@ -193,7 +193,7 @@ def test_second_query_on_same_sink_is_refused(spark, tmp_path):
 
 
 def test_foreach_batch_exactly_once_keyed_by_batch_id(spark, tmp_path):
-    from sinks.files import FileSink
+    from twophase.sinks.files import FileSink
     from twophase.spark import foreach_batch
     inp, out, ck = str(tmp_path / "in"), str(tmp_path / "out"), str(tmp_path / "ck")
     ids = make_input(inp, 3, 40)

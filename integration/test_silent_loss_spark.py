@@ -96,7 +96,7 @@ def test_log_inv5_reset_checkpoint_is_refused_not_dropped(spark, tmp_path):
 
 
 def test_foreach_batch_empty_batch_completes_and_replays(spark, tmp_path):
-    from sinks.files import FileSink
+    from twophase.sinks.files import FileSink
     import twophase.spark
     out = str(tmp_path / "out")
     sink = FileSink.from_options({"path": out})

@@ -194,9 +194,9 @@ def test_types_s3_parquet_round_trips_every_type(spark, source, tmp_path, s3_ser
 
 
 def _delta_stats_are_valid() -> bool:
-    """Whether sinks.delta writes Delta-valid statistics for infinities and struct columns (the patch in
+    """Whether twophase.sinks.delta writes Delta-valid statistics for infinities and struct columns (the patch in
     the type work's report: non-finite float min/max and nested nullCount are left out)."""
-    from sinks.delta import _Stats
+    from twophase.sinks.delta import _Stats
     b = pa.record_batch({"f": pa.array([INF]), "st": pa.array([{"x": 1}])})
     stats = _Stats(b.schema)
     stats.update(b)

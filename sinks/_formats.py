@@ -321,8 +321,8 @@ class FileLikeTransaction:
     records: int = 0
 
     def next_name(self, ext: str) -> str:
-        """The next :func:`sinks._naming.part_file_name` of this transaction (it carries the sink's token)."""
-        from sinks._naming import part_file_name
+        """The next :func:`twophase.sinks._naming.part_file_name` of this transaction (it carries the sink's token)."""
+        from twophase.sinks._naming import part_file_name
         c = self.context
         name = part_file_name(c.sink_id, c.checkpoint_id, c.task_id, c.attempt_uid, self.seq, ext)
         self.seq += 1

@@ -13,7 +13,7 @@ Layout::
     <table>/<a=1>/part-<token>-<ckpt>-<task>-<attempt>-<seq>.parquet   data files
     <table>/_twophase/<token>/log/              twophase's transaction log for this sink
 
-``<token>`` is the sink's identity (:mod:`sinks._naming`). Several queries may append to one table,
+``<token>`` is the sink's identity (:mod:`twophase.sinks._naming`). Several queries may append to one table,
 each with its own ``sink.id`` (its own log, app id and token); none ever touches another's files.
 
 Invariants (``test_delta_sink_invN_*``):
@@ -55,10 +55,10 @@ from typing import Any, Collection, Iterator, Mapping, Optional, Sequence
 
 import pyarrow as pa
 
-from sinks._formats import FileLikeTransaction, ParquetFormatWriter, write_rolling
-from sinks.s3 import (MultipartStream, S3_CLIENT_OPTIONS, abort_lingering_uploads, check_bucket, check_partition_columns,
+from twophase.sinks._formats import FileLikeTransaction, ParquetFormatWriter, write_rolling
+from twophase.sinks.s3 import (MultipartStream, S3_CLIENT_OPTIONS, abort_lingering_uploads, check_bucket, check_partition_columns,
                       complete_upload, multipart_etag, s3_config_from)
-from sinks._naming import internal_rel, own_part_checkpoint
+from twophase.sinks._naming import internal_rel, own_part_checkpoint
 from twophase import faults
 from twophase._logging import get_logger
 from twophase._redact import safe_repr

@@ -6,7 +6,7 @@ Layout under the output ``path``::
     <path>/_twophase/<token>/staging/<ckpt>/<task>-<attempt>/...         staged, invisible files
     <path>/_twophase/<token>/log/                                        the transaction log
 
-``<token>`` is the sink's identity (:mod:`sinks._naming`): several sinks (queries) may share ``path``,
+``<token>`` is the sink's identity (:mod:`twophase.sinks._naming`): several sinks (queries) may share ``path``,
 each with its own ``sink.id``, and none ever touches another's staged files or log.
 
 Readers that skip names starting with ``_`` or ``.`` (Spark, pyarrow.dataset, pandas, DuckDB globs of
@@ -37,11 +37,11 @@ from typing import Any, Collection, Mapping, Optional
 
 import pyarrow as pa
 
-from sinks._formats import (EXTENSIONS, FORMATS, FileLikeTransaction, FormatWriter, open_format_writer,
+from twophase.sinks._formats import (EXTENSIONS, FORMATS, FileLikeTransaction, FormatWriter, open_format_writer,
                             write_rolling)
 from twophase._logging import get_logger
 from twophase.errors import ConfigurationError, DataLossError, TwoPhaseError
-from sinks._naming import internal_rel
+from twophase.sinks._naming import internal_rel
 from twophase.log import TransactionLog, _fsync_dir, makedirs_durable
 from twophase.options import Option, parse_choice, parse_list, parse_options, parse_size
 from twophase.sink import Guarantee, TransactionContext, TwoPhaseCommitSink

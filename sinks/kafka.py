@@ -12,7 +12,7 @@ Protocol (``# step N`` in the code):
    ``{transactional_id, producer_id, epoch, partitions: [{topic, partition, first_offset, last_offset,
    records}], records}``. The task ends WITHOUT committing or aborting: the transaction stays open.
 4. commit (driver): ``EndTxn(commit)`` carrying the handle's id, producer id and epoch, sent by the
-   driver's own connection (see :mod:`sinks._kafka_txn`); handles are committed in parallel and the
+   driver's own connection (see :mod:`twophase.sinks._kafka_txn`); handles are committed in parallel and the
    coordinator records COMMITTED in the log. The handle's measured age is checked (invariant 7).
 5. abort / recovery (driver): ``EndTxn(abort)``; at start-up (prepare_sink) the broker must accept
    ``kafka.transaction.timeout.ms`` (else a ConfigurationError naming it and the broker's
@@ -99,8 +99,8 @@ from typing import Any, Collection, Mapping, Optional
 
 import pyarrow as pa
 
-from sinks._kafka_config import kafka_python_config
-from sinks.s3 import S3_CLIENT_OPTIONS, s3_config_from
+from twophase.sinks._kafka_config import kafka_python_config
+from twophase.sinks.s3 import S3_CLIENT_OPTIONS, s3_config_from
 from twophase._logging import get_logger
 from twophase._redact import is_secret_name, redact_text, redact_values, safe_repr
 from twophase.errors import ConcurrentWriterError, ConfigurationError, DataLossError, FencedError, TransientSinkError
@@ -395,7 +395,7 @@ class KafkaSink(TwoPhaseCommitSink[dict, KafkaTransaction]):
     # ---- driver-side set-up
 
     def _client(self) -> Any:
-        from sinks._kafka_txn import shared_client
+        from twophase.sinks._kafka_txn import shared_client
         return shared_client(self.options.connection_config())
 
     def validate_destination(self) -> None:
@@ -754,7 +754,7 @@ class KafkaSink(TwoPhaseCommitSink[dict, KafkaTransaction]):
         """EndTxn(commit) with the handle's id, producer id and epoch (invariant 2)."""
         if handle.get("guarantee") == Guarantee.AT_LEAST_ONCE.value or not handle.get("partitions"):
             return
-        from sinks._kafka_txn import EndTxnOutcome, verify_committed
+        from twophase.sinks._kafka_txn import EndTxnOutcome, verify_committed
         self._check_age(handle)
         outcome = self._client().end_txn(handle["transactional_id"], int(handle["producer_id"]),
                                           int(handle["epoch"]), commit=True)

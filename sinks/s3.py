@@ -5,7 +5,7 @@ Layout under ``s3://bucket/prefix``::
     <prefix>/<a=1>/part-<token>-<ckpt>-<task>-<attempt>-<seq>.<ext>   objects (visible once completed)
     <prefix>/_twophase/<token>/log/                                   the transaction log (an S3 log store)
 
-``<token>`` is the sink's identity (:mod:`sinks._naming`): sinks sharing a prefix never touch each other.
+``<token>`` is the sink's identity (:mod:`twophase.sinks._naming`): sinks sharing a prefix never touch each other.
 
 One transaction (a task's share of a checkpoint) opens one multipart upload per output file:
 
@@ -46,8 +46,8 @@ from typing import Any, Collection, Mapping, Optional
 
 import pyarrow as pa
 
-from sinks._naming import internal_rel, own_part_checkpoint, part_file_name
-from sinks._formats import (EXTENSIONS, FORMATS, FileLikeTransaction, FormatWriter, open_format_writer,
+from twophase.sinks._naming import internal_rel, own_part_checkpoint, part_file_name
+from twophase.sinks._formats import (EXTENSIONS, FORMATS, FileLikeTransaction, FormatWriter, open_format_writer,
                             write_rolling)
 from twophase._logging import get_logger
 from twophase._redact import safe_repr

@@ -4,7 +4,7 @@
   startingOffsets, maxOffsetsPerTrigger, includeHeaders, kafka.*), validated in one place;
   ``kafka.isolation.level`` defaults to ``read_committed``.
 - :class:`KafkaOffsetReader` (driver): partitions, initial offset, the next end offset.
-- :class:`KafkaSplitReader` (executor): the records of one :class:`~sources._kafka_offsets.KafkaSplit`
+- :class:`KafkaSplitReader` (executor): the records of one :class:`~twophase.sources._kafka_offsets.KafkaSplit`
   as Arrow record batches with the schema of Spark's Kafka source.
 
 Invariants (``test_kafka_source_invN_*``):
@@ -28,8 +28,8 @@ from typing import Any, Iterator, Mapping, Optional
 
 import pyarrow as pa
 
-from sinks._kafka_config import kafka_python_config
-from sources._kafka_offsets import (KafkaSplit, Offsets, flatten, next_end, normalize, parse_starting_offsets,
+from twophase.sinks._kafka_config import kafka_python_config
+from twophase.sources._kafka_offsets import (KafkaSplit, Offsets, flatten, next_end, normalize, parse_starting_offsets,
                                     plan_splits, resolve_start)
 from twophase._logging import get_logger
 from twophase._redact import safe_repr
@@ -185,7 +185,7 @@ class KafkaOffsetReader:
     def available(self) -> Offsets:
         """The last stable offset (read_committed) or high watermark of every partition."""
         tps = self.topic_partitions()
-        from sources._kafka_offsets import unflatten
+        from twophase.sources._kafka_offsets import unflatten
         return unflatten(self._offsets("latest", tps))
 
     def initial_offset(self) -> Offsets:

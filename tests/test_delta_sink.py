@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from sinks.delta import DeltaSink, _partition_values, _Stats
+from twophase.sinks.delta import DeltaSink, _partition_values, _Stats
 from twophase.coordinator import CheckpointCoordinator
 from twophase.errors import ConfigurationError
 from twophase.sink import TransactionContext, run_task, sink_token

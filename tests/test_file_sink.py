@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
 
-from sinks.files import FileSink
+from twophase.sinks.files import FileSink
 from twophase.coordinator import CheckpointCoordinator
 from twophase.errors import ConfigurationError, DataLossError
 from twophase.sink import TransactionContext, run_task

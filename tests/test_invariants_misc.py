@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from fakes import FakeSink
-from sinks.files import FileSink
+from twophase.sinks.files import FileSink
 from twophase.coordinator import CheckpointCoordinator
 from twophase.errors import DataLossError, QueryMismatchError
 from twophase.log_s3 import S3LogStore
@@ -157,7 +157,7 @@ def test_s3_log_inv2_put_if_absent_is_one_conditional_put_exactly_one_winner():
 def test_file_sink_inv5_every_directory_the_sink_creates_has_its_parent_fsynced(tmp_path, monkeypatch):
     """Fails if a staging or Hive partition directory is created without fsyncing its parent (a
     committed file's directory entry could vanish with a power loss)."""
-    import sinks.files as files
+    import twophase.sinks.files as files
     import twophase.log as logmod
     synced = []
     real = logmod._fsync_dir

@@ -16,7 +16,7 @@ import time
 import pyarrow as pa
 import pytest
 
-from sinks.kafka import ALARM_OBJECT, ALARM_STORE, KafkaSink, KafkaSinkOptions
+from twophase.sinks.kafka import ALARM_OBJECT, ALARM_STORE, KafkaSink, KafkaSinkOptions
 from twophase.errors import ConcurrentWriterError, ConfigurationError
 from twophase.log import decode_record
 from twophase.states import CheckpointState

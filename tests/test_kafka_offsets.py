@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sources._kafka_offsets import KafkaSplit, next_end, parse_starting_offsets, plan_splits, resolve_start
+from twophase.sources._kafka_offsets import KafkaSplit, next_end, parse_starting_offsets, plan_splits, resolve_start
 from twophase.errors import ConfigurationError
 
 

@@ -7,8 +7,8 @@ import pickle
 import pyarrow as pa
 import pytest
 
-from sinks.kafka import KafkaSink, KafkaSinkOptions, parse_duration_ms
-from sources.kafka import KafkaSourceOptions
+from twophase.sinks.kafka import KafkaSink, KafkaSinkOptions, parse_duration_ms
+from twophase.sources.kafka import KafkaSourceOptions
 from twophase.errors import ConfigurationError
 from twophase.sink import Guarantee
 
@@ -81,7 +81,7 @@ def test_kafka_sink_inv4_transactional_ids_bounded_distinct_per_attempt():
 
 
 def test_kafka_sink_inv7_default_transaction_timeout_is_one_hour():
-    from sinks.kafka import DEFAULT_TRANSACTION_TIMEOUT_MS
+    from twophase.sinks.kafka import DEFAULT_TRANSACTION_TIMEOUT_MS
     assert DEFAULT_TRANSACTION_TIMEOUT_MS == 3_600_000
     assert KafkaSinkOptions.from_options(BASE, SCHEMA).transaction_timeout_ms == 3_600_000
     o = KafkaSinkOptions.from_options({**BASE, "kafka.transaction.timeout.ms": "900000"}, SCHEMA)

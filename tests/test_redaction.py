@@ -16,10 +16,10 @@ from typing import Any, Iterable
 import pyarrow as pa
 import pytest
 
-from sinks.delta import DeltaSink
-from sinks.kafka import KafkaSink, KafkaSinkOptions, KafkaTransaction
-from sinks.s3 import S3Sink, S3SinkOptions
-from sources.kafka import KafkaSourceOptions
+from twophase.sinks.delta import DeltaSink
+from twophase.sinks.kafka import KafkaSink, KafkaSinkOptions, KafkaTransaction
+from twophase.sinks.s3 import S3Sink, S3SinkOptions
+from twophase.sources.kafka import KafkaSourceOptions
 from twophase import cli
 from twophase._logging import get_logger
 from twophase._redact import (MASK, is_secret_name, redact_json, redact_mapping, redact_text, redact_value,
@@ -91,7 +91,7 @@ def test_redact_non_secret_names_keep_their_values(name) -> None:
 
 
 def test_redact_sink_token_the_naming_digest_is_not_a_secret() -> None:
-    # sinks._naming names every file with it: masking it would make logs about files useless
+    # twophase.sinks._naming names every file with it: masking it would make logs about files useless
     token = sink_token("s")
     assert redact_mapping({"sink_token": token}) == {"sink_token": token}
 

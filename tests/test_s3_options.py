@@ -8,8 +8,8 @@ import pickle
 import pyarrow as pa
 import pytest
 
-from sinks._naming import own_part_checkpoint
-from sinks.s3 import S3Sink, S3SinkOptions, multipart_etag, object_name
+from twophase.sinks._naming import own_part_checkpoint
+from twophase.sinks.s3 import S3Sink, S3SinkOptions, multipart_etag, object_name
 from twophase.errors import ConfigurationError
 from twophase.log import open_store
 from twophase.log_s3 import S3Config, S3LogStore, parse_s3_url

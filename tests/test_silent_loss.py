@@ -12,8 +12,8 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from sinks.delta import DeltaSink
-from sinks.files import FileSink
+from twophase.sinks.delta import DeltaSink
+from twophase.sinks.files import FileSink
 from twophase.coordinator import CheckpointCoordinator
 from twophase.errors import ConcurrentWriterError, QueryMismatchError
 from twophase.log import LocalLogStore, TransactionLog
@@ -209,7 +209,7 @@ def test_log_inv8_new_directories_are_fsynced(tmp_path, monkeypatch) -> None:
     synced: list[str] = []
     real = logmod._fsync_dir
     monkeypatch.setattr(logmod, "_fsync_dir", lambda d: (synced.append(os.path.abspath(d)), real(d))[1])
-    import sinks.files as files
+    import twophase.sinks.files as files
     monkeypatch.setattr(files, "_fsync_dir", logmod._fsync_dir)
     out = tmp_path / "out"
     s = FileSink.from_options({"path": str(out), "partitionBy": "v"})

@@ -2,7 +2,7 @@
 
 The job is SIGKILLed (whole session) at every protocol point in turn, each restart recovering the
 previous crash, then runs clean. Afterwards: the table holds every input row exactly once (invariants
-1, 2 of :mod:`sinks.delta`), one Delta version per committed batch at most, the table's app
+1, 2 of :mod:`twophase.sinks.delta`), one Delta version per committed batch at most, the table's app
 transaction version is the last batch id, no data file is unreferenced and no upload is left
 (invariant 4), and every checkpoint in the transaction log is final.
 """
@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from sinks._naming import default_log_location
+from twophase.sinks._naming import default_log_location
 from _support import S3Server, assert_exactly_once, crash_chain, log_states
 
 pytestmark = [pytest.mark.spark, pytest.mark.s3, pytest.mark.slow]

@@ -11,7 +11,7 @@ import pytest
 from deltalake import DeltaTable
 
 from _support import S3Server
-from sinks.delta import DeltaSink
+from twophase.sinks.delta import DeltaSink
 from twophase.sink import TransactionContext, run_task, sink_token
 
 pytestmark = [pytest.mark.s3]

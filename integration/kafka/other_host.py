@@ -15,7 +15,7 @@ def main() -> None:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     import pyarrow as pa
 
-    from sinks.kafka import KafkaSink
+    from twophase.sinks.kafka import KafkaSink
     from twophase.spark.datasource import prepare_sink
 
     raw = json.loads(sys.argv[1])

@@ -19,7 +19,7 @@ import pytest
 from integration.jobrun import job_env, run_in_own_session
 
 from integration.kafka.broker import create_topic, produce, read_topic, unique
-from sinks.kafka import KafkaSink
+from twophase.sinks.kafka import KafkaSink
 from twophase.faults import POINTS
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.slow]

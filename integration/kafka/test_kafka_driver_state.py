@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 
 from integration.kafka.broker import create_topic, read_topic, unique
-from sinks.kafka import ALARM_OBJECT, ALARM_STORE, KafkaSink
+from twophase.sinks.kafka import ALARM_OBJECT, ALARM_STORE, KafkaSink
 from twophase.coordinator import CheckpointCoordinator
 from twophase.errors import ConcurrentWriterError
 from twophase.log import decode_record

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 from integration.kafka.broker import broker_paused, create_topic, end_offsets, read_topic, unique
-from sinks.kafka import KafkaSink
+from twophase.sinks.kafka import KafkaSink
 from twophase.coordinator import CheckpointCoordinator
 from twophase.errors import ConcurrentWriterError, ConfigurationError, DataLossError, TransientSinkError
 from twophase.sink import Ack, TransactionContext, run_task
@@ -180,7 +180,7 @@ def test_kafka_sink_unreachable_broker_fails_fast(tmp_path, registry):
 
 def test_kafka_sink_recovery_without_list_transactions_fences_known_id_space(env, kafka_bootstrap, monkeypatch):
     """Brokers without ListTransactions: every id of the known id space of the generation is re-initialised."""
-    from sinks._kafka_txn import TxnClient
+    from twophase.sinks._kafka_txn import TxnClient
     raw, topic = env
     sink = KafkaSink.from_options(raw, SCHEMA)
     prepare_sink(sink, raw["checkpointLocation"], what="test")

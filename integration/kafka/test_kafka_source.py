@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from integration.kafka.broker import create_topic, produce, unique
-from sources.kafka import KafkaSource
+from twophase.sources.kafka import KafkaSource
 
 pytestmark = pytest.mark.kafka
 

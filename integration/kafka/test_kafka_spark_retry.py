@@ -64,7 +64,7 @@ def test_kafka_sink_inv4_retried_attempt_commits_exactly_once(spark, kafka_boots
     # coordinated, in whatever state): the failed attempt and its retry never shared one. (The sink may
     # legitimately reuse an ABORTED attempt's id when taskAttemptIds are congruent mod the 8 slots; in
     # this fresh session they are 0 and 2, so a shared id here means ids do not follow the attempt.)
-    from sinks.kafka import KafkaSink
+    from twophase.sinks.kafka import KafkaSink
     sink = KafkaSink.from_options({"kafka.bootstrap.servers": kafka_bootstrap, "topic": dst,
                                    "transactionalIdPrefix": prefix, "checkpointLocation": str(tmp_path / "ck"),
                                    "prefixRegistry": registry, "kafka.transaction.timeout.ms": "900000"})

@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
 
 from rt_helpers import runner, two_source_job  # noqa: E402
 from integration.kafka.broker import create_topic, read_topic, unique  # noqa: E402
-from sinks.kafka import KafkaSink  # noqa: E402
+from twophase.sinks.kafka import KafkaSink  # noqa: E402
 from twophase.runtime import FixedDelayRestart  # noqa: E402
 from twophase.sink import TransactionContext  # noqa: E402
 
@@ -69,7 +69,7 @@ def _kafka_input(bootstrap: str) -> tuple[str, set]:
 
 
 def test_source_inv1_kafka_split_replays_identically_from_a_position(bootstrap):
-    from sources.kafka import runtime_source
+    from twophase.sources.kafka import runtime_source
     topic, _ = _kafka_input(bootstrap)
     src = runtime_source({"kafka.bootstrap.servers": bootstrap, "subscribe": topic, "startingOffsets": "earliest"},
                          bounded=True)
@@ -99,8 +99,8 @@ def test_source_inv1_kafka_split_replays_identically_from_a_position(bootstrap):
 
 def test_runtime_kafka_source_to_file_sink_exactly_once_after_a_failure(tmp_path, bootstrap):
     from rt_helpers import read_ids
-    from sinks.files import FileSink
-    from sources.kafka import runtime_source
+    from twophase.sinks.files import FileSink
+    from twophase.sources.kafka import runtime_source
     from twophase.runtime import JobGraph
     topic, expected = _kafka_input(bootstrap)
     seen = {"n": 0, "failed": False}

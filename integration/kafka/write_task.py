@@ -15,7 +15,7 @@ import pyarrow as pa
 
 def main() -> None:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    from sinks.kafka import KafkaSink
+    from twophase.sinks.kafka import KafkaSink
     from twophase.sink import TransactionContext, run_task
 
     raw, ckpt, task, attempt, n, tag = sys.argv[1:7]

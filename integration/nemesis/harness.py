@@ -255,7 +255,7 @@ class FilesTarget(FileInput, Target):
         return {"path": self.out, "format": "parquet", "partitionBy": "grp"}
 
     def sink(self) -> Any:
-        from sinks.files import FileSink
+        from twophase.sinks.files import FileSink
         return FileSink.from_options({**self.options(), "checkpointLocation": self.ck})
 
     def read(self) -> list[int]:
@@ -280,7 +280,7 @@ class S3Target(FileInput, Target):
         return {"path": f"s3://{self.bucket}/{self.prefix}", "partitionBy": "grp", **self.servers.s3.options()}
 
     def sink(self) -> Any:
-        from sinks.s3 import S3Sink
+        from twophase.sinks.s3 import S3Sink
         return S3Sink.from_options({**self.options(), "checkpointLocation": self.ck})
 
     def read(self) -> list[int]:
@@ -320,7 +320,7 @@ class DeltaTarget(S3Target):
         return {"path": self.uri, "partitionBy": "grp", **self.servers.s3.options()}
 
     def sink(self) -> Any:
-        from sinks.delta import DeltaSink
+        from twophase.sinks.delta import DeltaSink
         return DeltaSink.from_options({**self.options(), "checkpointLocation": self.ck})
 
     def storage(self) -> dict[str, str]:
@@ -380,7 +380,7 @@ class KafkaTarget(Target):
                 "kafka.transaction.timeout.ms": "900000"}
 
     def sink(self) -> Any:
-        from sinks.kafka import KafkaSink
+        from twophase.sinks.kafka import KafkaSink
         return KafkaSink.from_options({**self.options(), "checkpointLocation": self.ck})
 
     def read(self) -> list[int]:

@@ -2,7 +2,7 @@
 
 The job is SIGKILLed (whole session) at every protocol point in turn, each restart recovering the
 previous crash, then runs clean. Afterwards: every input row is in exactly one committed object
-(invariants 1, 2 of :mod:`sinks.s3`), no multipart upload is left under the prefix (invariant 4), and
+(invariants 1, 2 of :mod:`twophase.sinks.s3`), no multipart upload is left under the prefix (invariant 4), and
 every checkpoint in the transaction log is final. Objects are committed one by one (the S3 sink is
 atomic per object, not per checkpoint), so only a crash at ``mid_commit`` may leave part of a batch
 visible, until the next start's recovery completes the rest.
@@ -15,7 +15,7 @@ import io
 import pyarrow.parquet as pq
 import pytest
 
-from sinks._naming import default_log_location
+from twophase.sinks._naming import default_log_location
 from _support import S3Server, assert_exactly_once, crash_chain, log_states
 
 pytestmark = [pytest.mark.spark, pytest.mark.s3, pytest.mark.slow]

@@ -9,8 +9,8 @@ import pyarrow as pa
 import pytest
 
 from _support import S3Server
-from sinks._naming import own_part_checkpoint
-from sinks.s3 import S3Sink, complete_upload
+from twophase.sinks._naming import own_part_checkpoint
+from twophase.sinks.s3 import S3Sink, complete_upload
 from twophase.coordinator import CheckpointCoordinator
 from twophase.errors import ConcurrentWriterError, DataLossError
 from twophase.log import TransactionLog

@@ -11,7 +11,7 @@ from typing import Any, Callable, Optional
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from sinks.files import FileSink
+from twophase.sinks.files import FileSink
 from twophase.log import TransactionLog
 from twophase.runtime import CheckpointConfig, CollectionSource, JobGraph, JobRunner
 from twophase.states import CheckpointState

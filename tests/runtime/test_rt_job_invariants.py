@@ -123,7 +123,7 @@ def test_tasks_inv1_barrier_separates_exactly_the_records_before_the_recorded_po
     def count(v, st):
         st.update(st.value(0) + 1)
         return {"id": v["id"]}
-    from sinks.files import FileSink
+    from twophase.sinks.files import FileSink
     sink = FileSink.from_options({"path": str(tmp_path / "out")})
     src.key_by(lambda r: r["split"]).map(count, uid="count").sink_to(sink, uid="out")
     runner(g, "aligned", interval=0.02).run()

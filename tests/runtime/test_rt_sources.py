@@ -7,7 +7,7 @@ import json
 import pytest
 
 from rt_helpers import assert_exactly_once, runner
-from sinks.files import FileSink
+from twophase.sinks.files import FileSink
 from twophase.errors import ConfigurationError
 from twophase.runtime import FileLinesSource, FixedDelayRestart, JobGraph
 

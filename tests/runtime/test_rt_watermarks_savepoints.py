@@ -7,7 +7,7 @@ import time
 import pytest
 
 from rt_helpers import assert_exactly_once, completed_records, keyed_counts, read_ids, slow
-from sinks.files import FileSink
+from twophase.sinks.files import FileSink
 from twophase.errors import ConfigurationError
 from twophase.runtime import (COUNT, CheckpointConfig, CollectionSource, JobGraph, JobRunner, JobStatus, Operator,
                               Savepoint, WatermarkStrategy)

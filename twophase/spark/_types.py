@@ -26,7 +26,7 @@ Invariants (``test_types_*`` in ``integration/test_types.py``):
    refused here, on the driver, before any data moves, with a :class:`ConfigurationError` naming the
    column (a path such as ``m.value`` inside nested types), its Spark type and the fix.
 2. The refusals depend only on the Spark schema, the sink and its format; the value encodings of JSON
-   and CSV live in :mod:`sinks._formats` (:func:`sinks._formats.format_problem` says what a file format
+   and CSV live in :mod:`twophase.sinks._formats` (:func:`twophase.sinks._formats.format_problem` says what a file format
    cannot hold), so the file and S3 sinks (and the embedded runtime) share them.
 3. Hive partition columns are restricted to types whose directory name (Delta: partition value) reads
    back as the same value: strings, integers, booleans, dates, and decimals except in Delta.
@@ -39,7 +39,7 @@ from typing import Any, Optional, Sequence
 import pyarrow as pa
 from pyspark.sql import types as T
 
-from sinks._formats import format_problem
+from twophase.sinks._formats import format_problem
 from twophase.errors import ConfigurationError
 
 #: the Arrow timezone of ``timestamp`` columns in driver-side schemas: batches carry the session time
@@ -155,7 +155,8 @@ def check_partition_columns(sink: str, schema: T.StructType, fmt: str, partition
 
 
 #: the sink classes (by module) whose columns :func:`check_sink_columns` knows, and their format
-_SINK_MODULES = {"sinks.files": None, "sinks.s3": None, "sinks.delta": "delta", "sinks.kafka": "kafka"}
+_SINK_MODULES = {"twophase.sinks.files": None, "twophase.sinks.s3": None, "twophase.sinks.delta": "delta",
+                 "twophase.sinks.kafka": "kafka"}
 
 
 def check_sink_columns(what: str, sink: Any, schema: T.StructType) -> None:
@@ -184,7 +185,7 @@ _KAFKA_COLUMNS: dict[str, tuple[tuple[type, ...], str]] = {
 def check_kafka_columns(sink: str, schema: T.StructType) -> None:
     """Column types of Spark's Kafka sink: key/value string or binary, topic string, partition int,
     headers ``array<struct<key: string, value: binary>>`` (value may also be string). Unknown columns are
-    left to :class:`sinks.kafka.KafkaSinkOptions`, which refuses them."""
+    left to :class:`twophase.sinks.kafka.KafkaSinkOptions`, which refuses them."""
     for f in schema.fields:
         if f.name in _KAFKA_COLUMNS:
             allowed, fix = _KAFKA_COLUMNS[f.name]

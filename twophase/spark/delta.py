@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pyspark.sql.types import StructType
 
-from sinks.delta import DeltaSink
+from twophase.sinks.delta import DeltaSink
 from twophase.spark._types import arrow_schema, check_columns, check_partition_columns
 from twophase.spark.datasource import TwoPhaseSinkDataSource
 
 
 class DeltaDataSource(TwoPhaseSinkDataSource):
-    """``df.writeStream.format("twophase-delta").option("path", ...)`` — see :mod:`sinks.delta`.
+    """``df.writeStream.format("twophase-delta").option("path", ...)`` — see :mod:`twophase.sinks.delta`.
 
     The stream's schema is checked on the driver before each batch: every column type must round-trip
     through Delta (:func:`twophase.spark._types.check_columns`; ``timestamp_ntz`` columns get the table

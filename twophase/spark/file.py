@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pyspark.sql.types import StructType
 
-from sinks.files import FileSink
+from twophase.sinks.files import FileSink
 from twophase.spark._types import check_columns
 from twophase.spark.datasource import TwoPhaseSinkDataSource
 
 
 class FileDataSource(TwoPhaseSinkDataSource):
-    """``df.writeStream.format("twophase-file").option("path", ...)`` — see :mod:`sinks.files`."""
+    """``df.writeStream.format("twophase-file").option("path", ...)`` — see :mod:`twophase.sinks.files`."""
 
     short_name = "twophase-file"
 

@@ -1,10 +1,10 @@
 """Spark format ``twophase-kafka``: the exactly-once Kafka sink (writeStream) and the replayable source (readStream).
 
 Sink: ``df.writeStream.format("twophase-kafka").option("kafka.bootstrap.servers", ...).option("topic", ...)``
-with columns key, value, and optionally topic, partition, headers — see :mod:`sinks.kafka`.
+with columns key, value, and optionally topic, partition, headers — see :mod:`twophase.sinks.kafka`.
 
 Source: ``spark.readStream.format("twophase-kafka").option("subscribe", "t")`` with the schema of Spark's
-Kafka source — see :mod:`sources.kafka`. Where each source method runs: ``initialOffset``,
+Kafka source — see :mod:`twophase.sources.kafka`. Where each source method runs: ``initialOffset``,
 ``latestOffset`` and ``partitions`` on the driver (a planner Python worker), ``read`` on executors,
 once per split; the offset is the per-topic-partition map and Spark checkpoints it.
 """
@@ -18,9 +18,9 @@ from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
-from sinks.kafka import KafkaSink
-from sources._kafka_offsets import KafkaSplit
-from sources.kafka import HEADERS_DDL, SPARK_SCHEMA_DDL, KafkaSource, KafkaSourceOptions, KafkaSplitReader
+from twophase.sinks.kafka import KafkaSink
+from twophase.sources._kafka_offsets import KafkaSplit
+from twophase.sources.kafka import HEADERS_DDL, SPARK_SCHEMA_DDL, KafkaSource, KafkaSourceOptions, KafkaSplitReader
 from twophase.spark._types import check_kafka_columns
 from twophase.spark.datasource import TwoPhaseSinkDataSource
 
@@ -39,7 +39,7 @@ class KafkaInputPartition(InputPartition):
 
 
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """Drives :class:`sources.kafka.KafkaSource` from Spark (offsets are plain dicts, read is Arrow).
+    """Drives :class:`twophase.sources.kafka.KafkaSource` from Spark (offsets are plain dicts, read is Arrow).
 
     Trigger.AvailableNow: :meth:`prepareForTriggerAvailableNow` fixes the target offset; later
     batches respect ``maxOffsetsPerTrigger`` and never go past the target.

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pyspark.sql.types import StructType
 
-from sinks.s3 import S3Sink
+from twophase.sinks.s3 import S3Sink
 from twophase.spark._types import check_columns
 from twophase.spark.datasource import TwoPhaseSinkDataSource
 
 
 class S3DataSource(TwoPhaseSinkDataSource):
-    """``df.writeStream.format("twophase-s3").option("path", "s3://bucket/prefix")`` — see :mod:`sinks.s3`."""
+    """``df.writeStream.format("twophase-s3").option("path", "s3://bucket/prefix")`` — see :mod:`twophase.sinks.s3`."""
 
     short_name = "twophase-s3"
 
