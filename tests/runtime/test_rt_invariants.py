@@ -299,15 +299,10 @@ def test_committer_inv3_recovery_lingering_and_log_are_delegated_unchanged(txlog
     assert c.transaction_log() is txlog and c.sink_id == txlog.sink_id
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "JobCommitter.recover_and_abort calls the inner sink's abort() (via abort_transactions), and "
-    "recover_and_commit is the base class default, which calls JobCommitter.commit -> the inner sink's "
-    "commit(): the sinks' own recover_and_abort/recover_and_commit hooks are never called. Harmless "
-    "today (no sink in sinks/ overrides them; the base defaults are abort/commit), but a sink that "
-    "overrides them would be bypassed at recovery"))
 def test_committer_inv3_recovery_hooks_reach_the_sinks_own_recovery_hooks(txlog):
-    """Fails (today) because the inner sink sees ``abort``/``commit`` instead of its own
-    ``recover_and_abort``/``recover_and_commit``."""
+    """Fails if the inner sink sees ``abort``/``commit`` instead of its own ``recover_and_abort`` /
+    ``recover_and_commit`` (it did, before the committer delegated them: a sink overriding its recovery
+    hooks was bypassed at recovery)."""
     c, a, _ = _committer(txlog)
     stale, done = _wrapped(a, 2, "1"), _wrapped(a, 2, "0")
     c.recover_and_abort({"task": "out-a#1", "sink": "out-a", "txns": [stale]})

@@ -71,8 +71,15 @@ class JobCommitter(TwoPhaseCommitSink[dict, None]):
         if handle.get("txns"):  # invariant 2: carried forward by the sink task
             _log.info("transactions_carried_forward", task=handle.get("task"), transactions=len(handle["txns"]))
 
+    def recover_and_commit(self, handle: Mapping[str, Any]) -> None:
+        for inner in handle.get("txns") or ():  # invariant 3: the sink's own recovery hook
+            self.sinks[handle["sink"]].recover_and_commit(inner)
+
     def recover_and_abort(self, handle: Mapping[str, Any]) -> None:
-        self.abort_transactions(handle.get("sink"), handle.get("txns") or ())
+        if handle.get("sink") is None:
+            return
+        for inner in handle.get("txns") or ():  # invariant 3: the sink's own recovery hook
+            self.sinks[handle["sink"]].recover_and_abort(inner)
 
     def abort_transactions(self, sink_uid: Optional[str], txns: Collection[Mapping[str, Any]]) -> None:
         """Abort wrapped transactions no checkpoint can own any more (failover, cancel)."""
