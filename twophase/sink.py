@@ -146,6 +146,12 @@ class TwoPhaseCommitSink(abc.ABC, Generic[H, T]):
     #: holds back read_committed consumers), so the Spark adapter aborts them right after each commit
     #: too, not only at the recovery before the next micro-batch (which may never come).
     sweep_after_commit: bool = False
+    #: what the sink promises; AT_LEAST_ONCE sinks commit at task end and the Spark adapter keeps no log
+    guarantee: Guarantee = Guarantee.EXACTLY_ONCE
+
+    def validate_destination(self) -> None:
+        """Fail early, on the driver before any data moves, if the destination cannot work (unreachable,
+        missing, refused settings), with an error that names the option and the fix. Default: nothing."""
 
     # ---- executor side
 

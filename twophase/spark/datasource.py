@@ -82,10 +82,8 @@ def prepare_sink(sink: TwoPhaseCommitSink[Any, Any], owner: Optional[str], *, wh
     Exactly-once needs the query's checkpoint location as the log's owner; it is what lets a
     restarted query take its sink back while a second query is refused.
     """
-    validate = getattr(sink, "validate_destination", None)
-    if validate is not None:
-        validate()
-    if getattr(sink, "guarantee", Guarantee.EXACTLY_ONCE) is Guarantee.AT_LEAST_ONCE:
+    sink.validate_destination()
+    if sink.guarantee is Guarantee.AT_LEAST_ONCE:
         return
     if not owner:
         raise ConfigurationError(
@@ -126,7 +124,7 @@ class TwoPhaseStreamWriter(DataSourceStreamArrowWriter):
         return TwoPhaseCommitMessage(ack.to_json())
 
     def commit(self, messages: List[Optional[WriterCommitMessage]], batchId: int) -> None:
-        if getattr(self.sink, "guarantee", None) is Guarantee.AT_LEAST_ONCE:
+        if self.sink.guarantee is Guarantee.AT_LEAST_ONCE:
             return
         acks = _acks(messages)
         # prepare_sink() recovers, and sweeps, before every micro-batch; sweep here too only where
@@ -135,7 +133,7 @@ class TwoPhaseStreamWriter(DataSourceStreamArrowWriter):
             batchId, acks, expected_tasks=[str(i) for i in range(len(messages))])
 
     def abort(self, messages: List[Optional[WriterCommitMessage]], batchId: int) -> None:
-        if getattr(self.sink, "guarantee", None) is Guarantee.AT_LEAST_ONCE:
+        if self.sink.guarantee is Guarantee.AT_LEAST_ONCE:
             return
         CheckpointCoordinator(self.sink).abort_batch(batchId, _acks(messages), "a Spark task failed")
 

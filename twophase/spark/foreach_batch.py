@@ -40,7 +40,7 @@ def foreach_batch(sink: TwoPhaseCommitSink[Any, Any], *, owner: str | None = Non
             yield pa.RecordBatch.from_pylist([{"ack": json.dumps(ack.to_json())}])
 
         rows = df.mapInArrow(task, "ack string").collect()
-        if getattr(sink, "guarantee", None) is Guarantee.AT_LEAST_ONCE:
+        if sink.guarantee is Guarantee.AT_LEAST_ONCE:
             return
         acks = [Ack.from_json(json.loads(r["ack"])) for r in rows]
         tasks = sorted(a.task_id for a in acks)
