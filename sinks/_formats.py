@@ -11,7 +11,6 @@ import datetime as _dt
 import decimal
 import json
 import math
-from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Callable, MutableMapping, Optional
 
 import pyarrow as pa
@@ -308,25 +307,6 @@ def split_by_partition(batch: pa.RecordBatch, columns: tuple[str, ...]) -> list[
         for b in part.to_batches():
             out.append((rel, b))
     return out
-
-
-@dataclass(kw_only=True)
-class FileLikeTransaction:
-    """In-task state shared by file-like sinks: open files per partition directory, finished ones."""
-
-    context: Any  # twophase.sink.TransactionContext
-    open_files: dict[str, Any] = field(default_factory=dict)
-    closed: list[dict[str, Any]] = field(default_factory=list)
-    seq: int = 0
-    records: int = 0
-
-    def next_name(self, ext: str) -> str:
-        """The next :func:`twophase.sinks._naming.part_file_name` of this transaction (it carries the sink's token)."""
-        from twophase.sinks._naming import part_file_name
-        c = self.context
-        name = part_file_name(c.sink_id, c.checkpoint_id, c.task_id, c.attempt_uid, self.seq, ext)
-        self.seq += 1
-        return name
 
 
 def slices(batch: pa.RecordBatch, max_bytes: int) -> list[pa.RecordBatch]:

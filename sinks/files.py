@@ -18,7 +18,8 @@ Invariants (``test_file_sink_invN_*``):
 1. A file appears in the final directory only through ``commit``, whole: it was fsynced at
    ``pre_commit`` and is hard-linked into place (atomic, never overwriting), then unlinked from staging.
 2. ``commit`` is idempotent: a file whose final name exists (and whose staged copy is gone or is the
-   same inode) is already committed; a file missing from both places raises DataLossError.
+   same inode) is already committed; a file missing from both places is reported LOST (the
+   coordinator stops with DataLossError).
 3. ``abort`` removes only staged files; a committed file is never removed or written twice.
 4. Staged files of checkpoints ``<= n`` that no completed checkpoint owns are removed by
    ``abort_lingering(n)`` (failed attempts, speculative duplicates, crashed runs): only under the
@@ -32,19 +33,20 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-from dataclasses import dataclass
-from typing import Any, Collection, Mapping, Optional
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Mapping, Optional, TypedDict
 
 import pyarrow as pa
 
-from twophase.sinks._formats import (EXTENSIONS, FORMATS, FileLikeTransaction, FormatWriter, open_format_writer,
-                            write_rolling)
+from twophase.sinks._filelike import FileLikeWriter
+from twophase.sinks._formats import EXTENSIONS, FORMATS, FormatWriter, open_format_writer
 from twophase._logging import get_logger
-from twophase.errors import ConfigurationError, DataLossError, TwoPhaseError
+from twophase.errors import ConfigurationError, TwoPhaseError
 from twophase.sinks._naming import internal_rel
 from twophase.log import TransactionLog, _fsync_dir, makedirs_durable
 from twophase.options import Option, parse_choice, parse_list, parse_options, parse_size
-from twophase.sink import Guarantee, TransactionContext, TwoPhaseCommitSink
+from twophase.sink import (Committable, CommitResult, CommitStatus, Guarantee, SinkCommitter, SinkSpec,
+                           TransactionContext)
 
 _log = get_logger(__name__)
 
@@ -99,14 +101,26 @@ class _OpenFile:
     writer: FormatWriter
 
 
-@dataclass(kw_only=True)
-class FileTransaction(FileLikeTransaction):
-    """In-task state of one file transaction: its staging folder and open writers per partition."""
+class StagedFile(TypedDict):
+    """One finished file of a committable: where it is staged, its final name (both relative to ``path``)."""
 
-    attempt_rel: str
+    staged: str
+    final: str
+    bytes: int
+    records: int
 
 
-class FileSink(TwoPhaseCommitSink[dict, FileTransaction]):
+@dataclass(frozen=True, kw_only=True)
+class FileCommittable(Committable):
+    """A file transaction's handle: its staging folder and every staged file with its final name."""
+
+    kind: ClassVar[str] = "file"
+    attempt_dir: str = ""
+    files: list[StagedFile] = field(default_factory=list)
+    guarantee: str = Guarantee.EXACTLY_ONCE.value
+
+
+class FileSink(SinkSpec[FileCommittable]):
     """Exactly-once files (Parquet, JSON lines, CSV) with Hive partitions and size-based rolling."""
 
     #: sweeping is one local listing, so do it right after each commit too: a run whose last batch
@@ -127,12 +141,14 @@ class FileSink(TwoPhaseCommitSink[dict, FileTransaction]):
     def from_options(cls, raw: Mapping[str, Any], schema: Any = None) -> "FileSink":
         return cls(FileSinkOptions.from_options(raw, schema))
 
-    # ---- driver-side set-up
+    @property
+    def staging(self) -> str:
+        return os.path.join(self.root, self.internal_rel, "staging")
 
     def validate_destination(self) -> None:
         """Fail early if the output directory cannot be created or written."""
         try:
-            makedirs_durable(self._staging)
+            makedirs_durable(self.staging)
         except OSError as e:
             raise ConfigurationError(f"twophase-file: option 'path'={self.root!r} cannot be created: {e.strerror}; "
                                      "give a writable directory") from e
@@ -143,141 +159,153 @@ class FileSink(TwoPhaseCommitSink[dict, FileTransaction]):
         location = self.options.log_location or os.path.join(self.root, self.internal_rel, "log")
         return TransactionLog.open(location, self.sink_id, retain=self.options.log_retain)
 
-    # ---- executor side
+    def create_writer(self, context: TransactionContext) -> "FileWriter":
+        return FileWriter(self, context)
 
-    @property
-    def _staging(self) -> str:
-        return os.path.join(self.root, self.internal_rel, "staging")
+    def create_committer(self) -> "FileCommitter":
+        return FileCommitter(self)
 
-    def begin_transaction(self, context: TransactionContext) -> FileTransaction:
-        if self.guarantee is Guarantee.EXACTLY_ONCE:
-            rel = f"{self.internal_rel}/staging/{context.checkpoint_id:020d}/{context.task_id}-{context.attempt_uid}"
-        else:
-            rel = ""
-        return FileTransaction(context=context, attempt_rel=rel)
 
-    def write(self, txn: FileTransaction, batch: pa.RecordBatch) -> int:
-        if batch.num_rows == 0:
-            return 0
-        write_rolling(txn.open_files, batch, self.options.partition_by, self.options.max_file_size,
-                      lambda rel, schema: self._open(txn, rel, schema), lambda f: self._close(txn, f))
-        txn.records += batch.num_rows
-        return batch.num_rows
+class FileWriter(FileLikeWriter[FileCommittable]):
+    """Task side: files staged under ``_twophase/<token>/staging/<ckpt>/<task>-<attempt>``, fsynced."""
 
-    def _open(self, txn: FileTransaction, part_rel: str, schema: pa.Schema) -> _OpenFile:
-        name = txn.next_name(EXTENSIONS[self.options.format])
+    def __init__(self, sink: FileSink, context: TransactionContext) -> None:
+        o = sink.options
+        super().__init__(context, partition_by=o.partition_by, max_file_size=o.max_file_size)
+        self.sink = sink
+        self.exactly_once = sink.guarantee is Guarantee.EXACTLY_ONCE
+        self.attempt_rel = (f"{sink.internal_rel}/staging/{context.checkpoint_id:020d}/{context.task_id}-{context.attempt_uid}"
+                            if self.exactly_once else "")
+
+    def open_file(self, part_rel: str, schema: pa.Schema) -> _OpenFile:
+        o = self.sink.options
+        name = self.next_name(EXTENSIONS[o.format])
         final_rel = f"{part_rel}/{name}" if part_rel else name
-        if self.guarantee is Guarantee.EXACTLY_ONCE:
-            staged_rel = f"{txn.attempt_rel}/{final_rel}"
+        if self.exactly_once:
+            staged_rel = f"{self.attempt_rel}/{final_rel}"
         else:  # at-least-once: written next to its final name, hidden until the task finishes
             staged_rel = f"{part_rel + '/' if part_rel else ''}.{name}.inprogress"
-        path = os.path.join(self.root, staged_rel)
+        path = os.path.join(self.sink.root, staged_rel)
         makedirs_durable(os.path.dirname(path))
         stream = open(path, "wb")
-        writer = open_format_writer(self.options.format, stream, schema, compression=self.options.compression)
+        writer = open_format_writer(o.format, stream, schema, compression=o.compression)
         return _OpenFile(staged_rel, final_rel, stream, writer)
 
-    def _close(self, txn: FileTransaction, f: _OpenFile) -> None:
+    def finish_file(self, f: _OpenFile) -> dict[str, Any]:
         f.writer.close()
         f.stream.flush()
         os.fsync(f.stream.fileno())
         size = f.stream.tell()
         f.stream.close()
-        txn.closed.append({"staged": f.staged_rel, "final": f.final_rel, "bytes": size, "records": f.writer.records})
+        return {"staged": f.staged_rel, "final": f.final_rel, "bytes": size, "records": f.writer.records}
 
-    def pre_commit(self, txn: FileTransaction) -> dict:
-        for key in list(txn.open_files):
-            self._close(txn, txn.open_files.pop(key))
-        dirs = {os.path.dirname(os.path.join(self.root, f["staged"])) for f in txn.closed}
-        if self.guarantee is Guarantee.AT_LEAST_ONCE:  # task-level commit: visible now, duplicates on replay
-            for f in txn.closed:
-                os.replace(os.path.join(self.root, f["staged"]), os.path.join(self.root, f["final"]))
+    def after_finish(self) -> None:
+        root = self.sink.root
+        dirs = {os.path.dirname(os.path.join(root, f["staged"])) for f in self.finished}
+        if not self.exactly_once:  # task-level commit: visible now, duplicates on replay
+            for f in self.finished:
+                os.replace(os.path.join(root, f["staged"]), os.path.join(root, f["final"]))
         for d in dirs:
             _fsync_dir(d)
-        c = txn.context
-        return {"sink": "file", "checkpoint_id": c.checkpoint_id, "task_id": c.task_id, "attempt_uid": c.attempt_uid,
-                "attempt_dir": txn.attempt_rel, "files": list(txn.closed), "records": txn.records,
-                "guarantee": self.guarantee.value}
 
-    def abort_open(self, txn: FileTransaction) -> None:
-        for f in txn.open_files.values():
-            with contextlib.suppress(Exception):
-                f.writer.close()  # before the stream, or the writer's finaliser writes to a closed file
-            with contextlib.suppress(Exception):
-                f.stream.close()
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(self.root, f.staged_rel))
-        for f in txn.closed:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(self.root, f["staged"]))
-        if txn.attempt_rel:
-            shutil.rmtree(os.path.join(self.root, txn.attempt_rel), ignore_errors=True)
+    def committable(self) -> FileCommittable:
+        c = self.context
+        return FileCommittable(checkpoint_id=c.checkpoint_id, task_id=c.task_id, attempt_uid=c.attempt_uid,
+                               records=self.records, attempt_dir=self.attempt_rel, files=list(self.finished),
+                               guarantee=self.sink.guarantee.value)  # type: ignore[arg-type]
 
-    # ---- driver side
+    def discard_open(self, f: _OpenFile) -> None:
+        with contextlib.suppress(Exception):
+            f.writer.close()  # before the stream, or the writer's finaliser writes to a closed file
+        with contextlib.suppress(Exception):
+            f.stream.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(self.sink.root, f.staged_rel))
 
-    def commit(self, handle: Mapping[str, Any]) -> None:
-        if handle.get("guarantee") == Guarantee.AT_LEAST_ONCE.value:
-            return
+    def discard_finished(self, entry: dict[str, Any]) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(self.sink.root, entry["staged"]))
+
+    def after_abort(self) -> None:
+        if self.attempt_rel:
+            shutil.rmtree(os.path.join(self.sink.root, self.attempt_rel), ignore_errors=True)
+
+
+class FileCommitter(SinkCommitter[FileCommittable]):
+    """Driver side: hard-link staged files into place (invariants 1, 2), remove staged attempts (3, 4)."""
+
+    committable_type = FileCommittable
+
+    def __init__(self, sink: FileSink) -> None:
+        self.sink = sink
+        self.root = sink.root
+
+    def commit(self, committable: FileCommittable, *, recovering: bool = False) -> CommitResult[FileCommittable]:
+        if committable.guarantee == Guarantee.AT_LEAST_ONCE.value:
+            return CommitResult(committable, CommitStatus.COMMITTED)
         final_dirs = set()
-        for f in handle["files"]:
+        linked = 0
+        for f in committable.files:
             staged = os.path.join(self.root, f["staged"])
             final = os.path.join(self.root, f["final"])
             makedirs_durable(os.path.dirname(final))
             try:
                 os.link(staged, final)  # invariant 1: atomic, never overwrites
+                linked += 1
             except FileExistsError:
                 if os.path.exists(staged) and not os.path.samefile(staged, final):
                     raise TwoPhaseError(f"twophase-file: {final} exists and is not the staged file {staged}; "
                                         "refusing to overwrite committed data") from None
             except FileNotFoundError:
                 if not os.path.exists(final):  # invariant 2
-                    raise DataLossError(
-                        f"twophase-file: checkpoint {handle['checkpoint_id']} task {handle['task_id']}: staged file "
-                        f"{staged} is gone and {final} was never committed") from None
+                    return CommitResult(committable, CommitStatus.LOST,
+                                        f"twophase-file: checkpoint {committable.checkpoint_id} task {committable.task_id}: "
+                                        f"staged file {staged} is gone and {final} was never committed")
                 continue  # committed before; staged copy already removed
             final_dirs.add(os.path.dirname(final))
         for d in final_dirs:
             _fsync_dir(d)
-        for f in handle["files"]:
+        for f in committable.files:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(self.root, f["staged"]))
-        self._remove_attempt_dir(handle)
+        self._remove_attempt_dir(committable)
+        status = CommitStatus.COMMITTED if linked or not committable.files else CommitStatus.ALREADY_COMMITTED
+        return CommitResult(committable, status)
 
-    def abort(self, handle: Mapping[str, Any]) -> None:
-        if handle.get("guarantee") == Guarantee.AT_LEAST_ONCE.value:
+    def abort(self, committable: FileCommittable, *, recovering: bool = False) -> None:
+        if committable.guarantee == Guarantee.AT_LEAST_ONCE.value:
             return
-        for f in handle.get("files", ()):  # invariant 3: staged files only
+        for f in committable.files:  # invariant 3: staged files only
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(self.root, f["staged"]))
-        self._remove_attempt_dir(handle)
+        self._remove_attempt_dir(committable)
 
-    def _remove_attempt_dir(self, handle: Mapping[str, Any]) -> None:
-        rel = handle.get("attempt_dir")
-        if rel and rel.startswith(f"{self.internal_rel}/staging/"):
+    def _remove_attempt_dir(self, committable: FileCommittable) -> None:
+        rel = committable.attempt_dir
+        if rel and rel.startswith(f"{self.sink.internal_rel}/staging/"):
             path = os.path.join(self.root, rel)
             shutil.rmtree(path, ignore_errors=True)
             with contextlib.suppress(OSError):  # the checkpoint's folder, once its last attempt is gone
                 os.rmdir(os.path.dirname(path))
 
-    def abort_lingering(self, up_to_checkpoint: int, keep: Collection[Mapping[str, Any]] = ()) -> int:
-        """Remove staged attempts of checkpoints ``<= up_to_checkpoint`` not in ``keep`` (invariant 4)."""
-        kept = {h.get("attempt_dir") for h in keep}
+    def abort_lingering(self, up_to_checkpoint: int, highest_committed: Optional[int] = None) -> int:
+        """Remove staged attempts of checkpoints ``<= up_to_checkpoint`` (invariant 4): a committed
+        attempt's folder is already gone, and the coordinator calls this only for decided checkpoints."""
+        staging = self.sink.staging
         removed = 0
         try:
-            ckpt_dirs = os.listdir(self._staging)
+            ckpt_dirs = os.listdir(staging)
         except FileNotFoundError:
             return 0
         for d in ckpt_dirs:
             if not d.isdigit() or int(d) > up_to_checkpoint:
                 continue
-            cdir = os.path.join(self._staging, d)
+            cdir = os.path.join(staging, d)
             for attempt in os.listdir(cdir):
-                if f"{self.internal_rel}/staging/{d}/{attempt}" in kept:
-                    continue
                 shutil.rmtree(os.path.join(cdir, attempt), ignore_errors=True)
                 removed += 1
             with contextlib.suppress(OSError):
                 os.rmdir(cdir)
         if removed:
-            _log.info("lingering_aborted", sink_id=self.sink_id, up_to=up_to_checkpoint, attempts=removed)
+            _log.info("lingering_aborted", sink_id=self.sink.sink_id, up_to=up_to_checkpoint, attempts=removed)
         return removed

@@ -1,7 +1,7 @@
 """An in-memory two-phase-commit sink for protocol tests (no servers, no Spark).
 
-:class:`FakeSink` behaves like a strict real sink: committing an aborted or unknown transaction raises
-:class:`~twophase.errors.DataLossError` (its data is gone), committing a committed one is a no-op
+:class:`FakeSink` behaves like a strict real sink: committing an aborted or unknown transaction is
+reported LOST (its data is gone; the coordinator raises :class:`~twophase.errors.DataLossError`), committing a committed one is a no-op
 (sink invariant 2), aborting a committed one never touches its data (sink invariant 3). It records
 every driver call so tests can assert what was committed, aborted and in which order, and it can be
 told to fail (``fail_next``) or to run a hook inside a call (``on``), e.g. to read the log mid-commit.
@@ -12,12 +12,12 @@ from __future__ import annotations
 import itertools
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Collection, Optional
+from typing import Any, Callable, ClassVar, Collection, Mapping, Optional, Union
 
-from twophase.checkpoint import Handle
 from twophase.errors import DataLossError
 from twophase.log import TransactionLog
-from twophase.sink import Ack, TransactionContext, TwoPhaseCommitSink, run_task
+from twophase.sink import (Ack, Committable, CommitResult, CommitStatus, SinkCommitter, SinkSpec, SinkWriter,
+                           TransactionContext, run_task)
 from twophase.states import TransactionState
 
 HOOKS = ("begin_transaction", "write", "pre_commit", "commit", "abort", "recover_and_commit",
@@ -34,13 +34,48 @@ class FakeTxn:
     rows: list[Any] = field(default_factory=list)
     state: TransactionState = TransactionState.OPEN
 
-    @property
-    def handle(self) -> dict[str, Any]:
-        return {"txn": self.txn_id, "checkpoint_id": self.checkpoint_id, "task_id": self.task_id}
+
+@dataclass(frozen=True, kw_only=True)
+class FakeCommittable(Committable):
+    """The fake sink's committable: the in-memory transaction's id."""
+
+    kind: ClassVar[str] = "fake"
+    txn: str = ""
 
 
-class FakeSink(TwoPhaseCommitSink[Handle, FakeTxn]):
-    """In-memory sink that records commits and aborts and can be told to fail."""
+def _txn_id(handle: Union[Mapping[str, Any], FakeCommittable]) -> str:
+    return handle.txn if isinstance(handle, FakeCommittable) else handle["txn"]
+
+
+class FakeWriter(SinkWriter[FakeCommittable]):
+    def __init__(self, sink: "FakeSink", context: TransactionContext) -> None:
+        super().__init__(context)
+        self.sink = sink
+        sink._enter("begin_transaction", context)
+        with sink._lock:
+            self.txn = FakeTxn(f"t{next(sink._ids)}", context.checkpoint_id, context.task_id)
+            sink.txns[self.txn.txn_id] = self.txn
+
+    def write(self, batch: Any) -> int:
+        self.sink._enter("write", batch)
+        self.txn.rows.extend(batch)
+        return len(batch)
+
+    def prepare_commit(self) -> FakeCommittable:
+        self.sink._enter("pre_commit", self.txn)
+        self.txn.state = TransactionState.PRE_COMMITTED
+        t, c = self.txn, self.context
+        return FakeCommittable(checkpoint_id=t.checkpoint_id, task_id=t.task_id, attempt_uid=c.attempt_uid,
+                               records=len(t.rows), txn=t.txn_id)
+
+    def abort(self) -> None:
+        self.txn.state = TransactionState.ABORTED
+
+
+class FakeSink(SinkSpec[FakeCommittable], SinkCommitter[FakeCommittable]):
+    """In-memory sink (spec and committer in one object) that records commits and aborts and can fail."""
+
+    committable_type = FakeCommittable
 
     def __init__(self, log: Optional[TransactionLog] = None, sink_id: str = "fake") -> None:
         self.sink_id = sink_id
@@ -58,10 +93,16 @@ class FakeSink(TwoPhaseCommitSink[Handle, FakeTxn]):
         self.aborted: list[str] = []
         #: aborts asked for a transaction that was already committed (must stay 0 in a correct protocol)
         self.aborts_of_committed: list[str] = []
-        #: ``(up_to_checkpoint, keep)`` for each abort_lingering call
-        self.lingering_calls: list[tuple[int, list[Handle]]] = []
+        #: ``(up_to_checkpoint, highest_committed)`` for each abort_lingering call
+        self.lingering_calls: list[tuple[int, Optional[int]]] = []
         self._failures: dict[str, list[BaseException]] = {}
         self._hooks: dict[str, Callable[[Any], None]] = {}
+
+    def create_writer(self, context: TransactionContext) -> FakeWriter:
+        return FakeWriter(self, context)
+
+    def create_committer(self) -> "FakeSink":
+        return self
 
     # ---- test controls
 
@@ -92,56 +133,36 @@ class FakeSink(TwoPhaseCommitSink[Handle, FakeTxn]):
         ctx = TransactionContext(self.sink_id, checkpoint_id, str(task_id))
         return run_task(self, ctx, [list(rows)])
 
-    def state_of(self, handle: Handle) -> TransactionState:
-        return self.txns[handle["txn"]].state
+    def state_of(self, handle: Union[Mapping[str, Any], FakeCommittable]) -> TransactionState:
+        return self.txns[_txn_id(handle)].state
 
-    def commit_count(self, handle: Handle) -> int:
+    def commit_count(self, handle: Union[Mapping[str, Any], FakeCommittable]) -> int:
         """How many times ``handle``'s data became visible (exactly-once means at most 1)."""
-        return self.committed.count(handle["txn"])
-
-    # ---- executor side
-
-    def begin_transaction(self, context: TransactionContext) -> FakeTxn:
-        self._enter("begin_transaction", context)
-        with self._lock:
-            txn = FakeTxn(f"t{next(self._ids)}", context.checkpoint_id, context.task_id)
-            self.txns[txn.txn_id] = txn
-            return txn
-
-    def write(self, txn: FakeTxn, batch: Any) -> int:
-        self._enter("write", batch)
-        txn.rows.extend(batch)
-        return len(batch)
-
-    def pre_commit(self, txn: FakeTxn) -> Handle:
-        self._enter("pre_commit", txn)
-        txn.state = TransactionState.PRE_COMMITTED
-        return txn.handle
-
-    def abort_open(self, txn: FakeTxn) -> None:
-        txn.state = TransactionState.ABORTED
+        return self.committed.count(_txn_id(handle))
 
     # ---- driver side
 
-    def _commit(self, op: str, handle: Handle) -> None:
-        self._enter(op, handle)
+    def _commit(self, op: str, handle: Union[Mapping[str, Any], FakeCommittable]) -> CommitResult[FakeCommittable]:
+        committable = handle if isinstance(handle, FakeCommittable) else FakeCommittable.from_json(handle)
+        self._enter(op, committable)
         with self._lock:
-            self.calls.append((op, handle["txn"]))
-            txn = self.txns.get(handle["txn"])
+            self.calls.append((op, committable.txn))
+            txn = self.txns.get(committable.txn)
             if txn is None or txn.state in (TransactionState.ABORTED, TransactionState.OPEN):
-                raise DataLossError(f"transaction {handle} cannot be committed: "
+                return CommitResult(committable, CommitStatus.LOST, f"transaction {committable.txn} cannot be committed: "
                                     f"{'unknown' if txn is None else txn.state.value}")
             if txn.state is TransactionState.COMMITTED:
-                return  # idempotent: no second copy
+                return CommitResult(committable, CommitStatus.ALREADY_COMMITTED)  # idempotent: no second copy
             txn.state = TransactionState.COMMITTED
             self.visible.extend(txn.rows)
             self.committed.append(txn.txn_id)
+            return CommitResult(committable, CommitStatus.COMMITTED)
 
-    def _abort(self, op: str, handle: Handle) -> None:
+    def _abort(self, op: str, handle: Union[Mapping[str, Any], FakeCommittable]) -> None:
         self._enter(op, handle)
         with self._lock:
-            self.calls.append((op, handle["txn"]))
-            txn = self.txns.get(handle["txn"])
+            self.calls.append((op, _txn_id(handle)))
+            txn = self.txns.get(_txn_id(handle))
             if txn is None or txn.state is TransactionState.ABORTED:
                 return
             if txn.state is TransactionState.COMMITTED:
@@ -150,25 +171,28 @@ class FakeSink(TwoPhaseCommitSink[Handle, FakeTxn]):
             txn.state = TransactionState.ABORTED
             self.aborted.append(txn.txn_id)
 
-    def commit(self, handle: Handle) -> None:
-        self._commit("commit", handle)
+    def commit(self, committable: Union[Mapping[str, Any], FakeCommittable], *,
+               recovering: bool = False) -> CommitResult[FakeCommittable]:
+        """Commit (op ``commit``, or ``recover_and_commit`` when ``recovering``); a direct call with a
+        handle that cannot be committed raises DataLossError, like the coordinator does for LOST."""
+        result = self._commit("recover_and_commit" if recovering else "commit", committable)
+        return result
 
-    def recover_and_commit(self, handle: Handle) -> None:
-        self._commit("recover_and_commit", handle)
+    def commit_strict(self, committable: Union[Mapping[str, Any], FakeCommittable], *, recovering: bool = False) -> None:
+        """:meth:`commit`, raising DataLossError for a LOST outcome (tests of the sink itself)."""
+        r = self.commit(committable, recovering=recovering)
+        if r.status is CommitStatus.LOST:
+            raise DataLossError(r.detail)
 
-    def abort(self, handle: Handle) -> None:
-        self._abort("abort", handle)
+    def abort(self, committable: Union[Mapping[str, Any], FakeCommittable], *, recovering: bool = False) -> None:
+        self._abort("recover_and_abort" if recovering else "abort", committable)
 
-    def recover_and_abort(self, handle: Handle) -> None:
-        self._abort("recover_and_abort", handle)
-
-    def abort_lingering(self, up_to_checkpoint: int, keep: Collection[Handle] = ()) -> int:
+    def abort_lingering(self, up_to_checkpoint: int, highest_committed: Optional[int] = None) -> int:
         self._enter("abort_lingering", up_to_checkpoint)
-        keep_ids = {h["txn"] for h in keep}
         with self._lock:
-            self.lingering_calls.append((up_to_checkpoint, list(keep)))
+            self.lingering_calls.append((up_to_checkpoint, highest_committed))
             victims = [t for t in self.txns.values()
-                       if t.checkpoint_id <= up_to_checkpoint and t.txn_id not in keep_ids
+                       if t.checkpoint_id <= up_to_checkpoint
                        and t.state in (TransactionState.OPEN, TransactionState.PRE_COMMITTED)]
             for t in victims:
                 t.state = TransactionState.ABORTED

@@ -44,7 +44,7 @@ from twophase.checkpoint import (CheckpointProperties, CompletedCheckpoint, Hand
                                  TaskAcknowledgeResult)
 from twophase.errors import CheckpointDeclinedError, ConfigurationError, DataLossError, QueryMismatchError
 from twophase.log import CheckpointRecord, TransactionLog
-from twophase.sink import Ack, TwoPhaseCommitSink
+from twophase.sink import Ack, CommitStatus, SinkCommitter, SinkSpec
 from twophase.states import CheckpointState
 
 _log = get_logger(__name__)
@@ -113,15 +113,24 @@ class CheckpointCoordinator:
     in the log, so a coordinator can be created afresh for every Spark commit call.
     """
 
-    def __init__(self, sink: TwoPhaseCommitSink[Any, Any], log: Optional[TransactionLog] = None, *,
+    def __init__(self, sink: "SinkSpec[Any] | SinkCommitter[Any]", log: Optional[TransactionLog] = None, *,
                  policy: Optional[TriggerPolicy] = None, clock: Callable[[], float] = time.time,
                  sweep_after_commit: bool = True) -> None:
         """``sweep_after_commit``: abort lingering transactions ``<= n`` right after committing ``n``
         (step 5). The Spark adapter turns it off because it recovers, and so sweeps, before every
-        micro-batch anyway; a sweep can be a slow listing (S3 multipart uploads)."""
-        self.sink = sink
+        micro-batch anyway; a sweep can be a slow listing (S3 multipart uploads).
+
+        ``sink`` is a sink's spec (its committer and, unless ``log`` is given, its log are taken from it)
+        or a committer (then ``log`` is required: the runtime's job committer)."""
+        if isinstance(sink, SinkSpec):
+            self.committer: SinkCommitter[Any] = sink.create_committer()
+            log = log if log is not None else sink.transaction_log()
+        else:
+            self.committer = sink
+            if log is None:
+                raise ConfigurationError("a CheckpointCoordinator over a committer needs the log")
         self.sweep_after_commit = sweep_after_commit
-        self.log = log if log is not None else sink.transaction_log()
+        self.log = log
         self.policy = policy or TriggerPolicy()
         self.clock = clock
         self._pending: dict[int, PendingCheckpoint] = {}
@@ -143,8 +152,7 @@ class CheckpointCoordinator:
                     self._commit_record(rec, recovering=True)
                     report.committed.append(rec.checkpoint_id)
                 elif rec.state is CheckpointState.PENDING:
-                    for h in rec.handles.values():
-                        self.sink.recover_and_abort(h)
+                    self._abort_handles(rec.handles.values(), recovering=True)
                     self.log.transition(rec.checkpoint_id, CheckpointState.ABORTED, reason="aborted at recovery")
                     report.aborted.append(rec.checkpoint_id)
                 faults.maybe_crash("in_recovery", rec.checkpoint_id)
@@ -153,7 +161,7 @@ class CheckpointCoordinator:
             # commit), so its staged data is cleaned only once a later checkpoint commits (step 5).
             highest = max([view.highest_committed or -1, *report.committed])
             if highest >= 0:
-                report.lingering_aborted = self.sink.abort_lingering(highest, ())
+                report.lingering_aborted = self.committer.abort_lingering(highest, highest)
         if report.committed or report.aborted or report.lingering_aborted:
             _log.info("recovered", sink_id=self.log.sink_id, committed=report.committed, aborted=report.aborted,
                       lingering_aborted=report.lingering_aborted)
@@ -197,7 +205,7 @@ class CheckpointCoordinator:
             if result is not TaskAcknowledgeResult.SUCCESS:
                 _log.warning("ack_rejected", checkpoint_id=ack.checkpoint_id, task=ack.task_id, result=result.value)
                 if not self._is_accepted(ack, pending):
-                    self.sink.abort(ack.handle)  # invariant 4: never committed
+                    self._abort_handles([ack.handle])  # invariant 4: never committed
                 return result
             if pending.is_fully_acknowledged:
                 self._complete_and_commit(pending)
@@ -224,8 +232,7 @@ class CheckpointCoordinator:
         with self._lock:
             pending = self._pending.pop(checkpoint_id, None)
             handles = list(pending.abort(reason).values()) if pending else []
-            for h in [*handles, *extra_handles]:
-                self.sink.abort(h)
+            self._abort_handles([*handles, *extra_handles])
             rec = self.log.get(checkpoint_id)
             if rec is not None and rec.state is CheckpointState.PENDING:
                 self.log.transition(checkpoint_id, CheckpointState.ABORTED, reason=reason)
@@ -292,16 +299,29 @@ class CheckpointCoordinator:
         committed any more). Cleanup only: a failure is logged and the next sweep (the next commit, the
         next recovery) retries it; it never fails a batch whose data is already committed."""
         try:
-            self.sink.abort_lingering(checkpoint_id, ())
+            self.committer.abort_lingering(checkpoint_id, self.log.highest_committed())
         except Exception as e:  # noqa: BLE001 - see docstring
             _log.warning("sweep_failed", sink_id=self.log.sink_id, checkpoint_id=checkpoint_id, error=str(e),
                          consequence="leftovers stay until the next sweep")
+
+    def _abort_handles(self, handles: Iterable[Handle], *, recovering: bool = False) -> None:
+        """Abort JSON handles through the sink's committer (the one way this class aborts)."""
+        for h in handles:
+            self.committer.abort(self.committer.decode(h), recovering=recovering)
+
+    def _commit_handles(self, checkpoint_id: int, handles: Sequence[Handle], *, recovering: bool) -> None:
+        """Commit a checkpoint's JSON handles through the committer; a LOST outcome is a DataLossError."""
+        results = self.committer.commit_checkpoint(checkpoint_id, [self.committer.decode(h) for h in handles],
+                                                   recovering=recovering)
+        lost = [r for r in results if r.status is CommitStatus.LOST]
+        if lost:
+            raise DataLossError("; ".join(r.detail or f"task {r.committable.task_id}: data gone" for r in lost))
 
     def _commit_record(self, rec: CheckpointRecord, *, recovering: bool) -> None:
         started = time.perf_counter()
         handles = rec.to_completed().ordered_handles()
         try:
-            self.sink.commit_checkpoint(rec.checkpoint_id, handles, recovering=recovering)
+            self._commit_handles(rec.checkpoint_id, handles, recovering=recovering)
         except DataLossError as e:  # invariant 7: stop, and tell the operator the one way on
             _log.error("checkpoint_data_loss", sink_id=self.log.sink_id, checkpoint_id=rec.checkpoint_id, error=str(e))
             if "twophase log resolve" in str(e):  # the sink named the command already
@@ -337,8 +357,7 @@ class CheckpointCoordinator:
             if already or (rec is not None and rec.state is CheckpointState.COMPLETED):
                 recorded = list(rec.handles.values()) if rec is not None else []
                 stale = [a.handle for a in present if a.handle not in recorded]
-                for h in stale:
-                    self.sink.abort(h)
+                self._abort_handles(stale)
                 if already:
                     _log.info("batch_already_committed", sink_id=self.log.sink_id, checkpoint_id=checkpoint_id,
                               aborted_new_handles=len(stale))
@@ -353,8 +372,7 @@ class CheckpointCoordinator:
             if rec is None or rec.state is CheckpointState.ABORTED:
                 self.log.transition(checkpoint_id, CheckpointState.PENDING)
                 if rec is None and self._superseded(checkpoint_id):
-                    for a in present:
-                        self.sink.abort(a.handle)
+                    self._abort_handles([a.handle for a in present])
                     return CommitOutcome.ALREADY_COMMITTED
             pending = PendingCheckpoint(checkpoint_id, expected, triggered_at=self.clock())
             self._pending[checkpoint_id] = pending
@@ -363,7 +381,7 @@ class CheckpointCoordinator:
                 if result is not TaskAcknowledgeResult.SUCCESS:
                     _log.warning("ack_rejected", checkpoint_id=checkpoint_id, task=a.task_id, result=result.value)
                     if not self._is_accepted(a, pending):  # a redelivered copy of an accepted ack is not aborted
-                        self.sink.abort(a.handle)
+                        self._abort_handles([a.handle])
             if not pending.is_fully_acknowledged:
                 missing = sorted(pending.not_yet_acknowledged)
                 self.abort_checkpoint(checkpoint_id, f"tasks {missing} did not acknowledge")
@@ -382,8 +400,7 @@ class CheckpointCoordinator:
             if query_ids:
                 self.log.bind_query(query_ids[0])
         except QueryMismatchError:
-            for a in acks:
-                self.sink.abort(a.handle)
+            self._abort_handles([a.handle for a in acks])
             raise
 
     def _superseded(self, checkpoint_id: int) -> bool:
@@ -417,9 +434,7 @@ class CheckpointCoordinator:
         with self._lock, self.log.locked():
             rec = self.log.get(checkpoint_id)
             recorded = list(rec.handles.values()) if rec is not None and rec.state.is_decided else []
-            for a in acks:
-                if a is not None and a.handle not in recorded:
-                    self.sink.abort(a.handle)
+            self._abort_handles([a.handle for a in acks if a is not None and a.handle not in recorded])
             highest = self.log.highest_committed() if rec is None else None
             if highest is not None and checkpoint_id < highest:
                 return  # committed and pruned (as in complete_batch): a new record would reopen it

@@ -1,56 +1,74 @@
-"""The ``TwoPhaseCommitSink`` base: the hooks every exactly-once sink implements once.
+"""The connector API every exactly-once sink implements: a spec, a writer, a committer, a committable.
+
+The shape is Flink's Sink V2 (``org.apache.flink.api.connector.sink2``): a picklable
+:class:`SinkSpec` (options, :meth:`~SinkSpec.validate_destination`, the log's location) creates a
+:class:`SinkWriter` on the task side and a :class:`SinkCommitter` on the driver side. The writer's
+:meth:`~SinkWriter.prepare_commit` returns a typed :class:`Committable` (the pre-committed
+transaction's handle, JSON on the wire and in the log); the committer commits the committables of a
+completed checkpoint and returns one :class:`CommitResult` per committable. Sinks never read or write
+the transaction log's states: the coordinator alone decides (:mod:`twophase.coordinator`) and the
+log alone records (:mod:`twophase.log`).
 
 Where each hook runs (Spark adapter / embedded runtime) and how often:
 
-=========================  ==========  ===========================================================
-hook                       where       called
-=========================  ==========  ===========================================================
-``begin_transaction``      executor    once per task attempt and checkpoint
-``write``                  executor    once per Arrow record batch of the task's input
-``pre_commit``             executor    once, after the last write; returns the JSON handle (the ack)
-``abort_open``             executor    instead of pre_commit when the task fails
-``commit``                 driver      for each handle of a CompletedCheckpoint; MAY BE CALLED AGAIN
-``abort``                  driver      for each handle of a declined checkpoint, or a duplicate ack
-``recover_and_commit``     driver      at recovery, for handles of a COMPLETED, uncommitted checkpoint
-``recover_and_abort``      driver      at recovery, for handles of a PENDING checkpoint
-``commit_checkpoint``      driver      once per completed checkpoint (default: ``commit`` each handle)
-``abort_lingering``        driver      at recovery and after each commit: abort what no log owns
-=========================  ==========  ===========================================================
+=======================================  ========  =========================================================
+hook                                     where     called
+=======================================  ========  =========================================================
+``SinkSpec.validate_destination``        driver    before each micro-batch (Spark) / job start (runtime)
+``SinkSpec.create_writer``               executor  once per task attempt and checkpoint (by :class:`TaskDriver`)
+``SinkWriter.write``                     executor  once per Arrow record batch of the task's input
+``SinkWriter.prepare_commit``            executor  once, after the last write; returns the Committable (the ack)
+``SinkWriter.abort``                     executor  instead of prepare_commit when the task fails
+``SinkSpec.create_committer``            driver    once per coordinator (Spark: per commit call)
+``SinkCommitter.commit_checkpoint``      driver    once per completed checkpoint; MAY BE CALLED AGAIN, also
+                                                   at recovery (``recovering=True``), the writer long gone
+``SinkCommitter.abort``                  driver    per committable of a declined checkpoint, a duplicate
+                                                   ack, a PENDING checkpoint found at recovery
+``SinkCommitter.abort_lingering``        driver    at recovery and after each commit: abort what no log owns
+=======================================  ========  =========================================================
 
-Invariants every sink must keep (named in tests as ``test_sink_invN_*``):
+One task driver, :class:`TaskDriver`, runs the writer for the Spark writer, ``foreach_batch`` and the
+runtime's sink task: it owns the transaction's state (:data:`twophase.states.TRANSACTION_TRANSITIONS`)
+and the task-side fault points ``write`` and ``after_pre_commit``.
 
-1. Nothing written in a transaction is visible to readers before ``commit`` of its handle.
-2. ``commit`` and ``recover_and_commit`` are idempotent: committing a committed handle is a no-op,
-   never a second copy. If the data of a handle can no longer be committed, raise DataLossError.
-3. ``abort`` and ``recover_and_abort`` are idempotent and never touch committed data.
-4. A handle is JSON-serializable and self-sufficient: the driver commits it in another process
-   than the one that wrote it, possibly after the writer died.
-5. ``abort_lingering(up_to, keep)`` aborts only transactions of checkpoints ``<= up_to`` that are not
-   in ``keep``; it never aborts a transaction that a newer checkpoint may still ack, and it removes
-   only what it can prove is its own: every name a sink creates carries :func:`sink_token` of its
-   sink id, and a sweep matches that token, never a bare name pattern (another sink, another query
-   may write into the same folder, bucket or table).
+Invariants every sink must keep (named in tests as ``test_sink_invN_*``; the conformance suite
+``tests/conformance`` and ``integration/conformance`` runs them against every sink):
+
+1. Nothing written in a transaction is visible to readers before its committable is committed.
+2. ``commit_checkpoint`` is idempotent: committing a committed committable is a no-op reported as
+   ``ALREADY_COMMITTED``, never a second copy. A committable whose data can no longer be committed
+   is reported ``LOST`` (the coordinator stops with :class:`~twophase.errors.DataLossError`).
+3. ``abort`` is idempotent and never touches committed data.
+4. A committable is JSON-serializable and self-sufficient (:meth:`Committable.to_json` /
+   :meth:`Committable.from_json`): the driver commits it in another process than the one that wrote
+   it, possibly after the writer died.
+5. ``abort_lingering(up_to, highest_committed)`` aborts only transactions of checkpoints ``<= up_to``
+   that no completed checkpoint owns; it never aborts a transaction that a newer checkpoint may still
+   ack, and it removes only what it can prove is its own: every name a sink creates carries
+   :func:`sink_token` of its sink id, and a sweep matches that token, never a bare name pattern
+   (another sink, another query may write into the same folder, bucket or table).
 """
 
 from __future__ import annotations
 
 import abc
+import dataclasses
 import enum
 import hashlib
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Collection, Generic, Iterable, Mapping, Optional, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Iterable, Mapping, Optional, Sequence, TypeVar
 
 from twophase import faults
 from twophase._logging import get_logger
 from twophase.errors import ConfigurationError
 from twophase.states import TransactionState, check_transition
 
-_log = get_logger(__name__)
+if TYPE_CHECKING:
+    from twophase.log import TransactionLog
 
-H = TypeVar("H", bound=Mapping[str, Any])
-T = TypeVar("T")
+_log = get_logger(__name__)
 
 
 def sink_token(sink_id: str) -> str:
@@ -94,20 +112,6 @@ class TransactionContext:
     query_id: Optional[str] = None
 
 
-class Transaction(Generic[T]):
-    """Executor-side bookkeeping of one transaction; every state move is checked (see :mod:`twophase.states`)."""
-
-    def __init__(self, context: TransactionContext, payload: T) -> None:
-        self.context = context
-        self.payload = payload
-        self.state = TransactionState.OPEN
-        self.records = 0
-
-    def transition_to(self, target: TransactionState) -> None:
-        check_transition(self.state, target, what=f"transaction {self.context}")
-        self.state = target
-
-
 @dataclass(frozen=True)
 class Ack:
     """A task's acknowledgement of a checkpoint: its pre-committed handle (Spark's commit message)."""
@@ -131,127 +135,226 @@ class Ack:
                    int(a.get("records", 0)), a.get("query_id"))
 
 
-class TwoPhaseCommitSink(abc.ABC, Generic[H, T]):
-    """Base of every sink: executor hooks write and pre-commit, driver hooks commit and abort.
+@dataclass(frozen=True, kw_only=True)
+class Committable:
+    """A pre-committed transaction's handle: typed in Python, JSON on the wire and in the log (invariant 4).
 
-    ``H`` is the handle type (a JSON mapping), ``T`` the sink's in-task transaction payload.
-    A sink object must be picklable: Spark ships it to executors and to the commit worker.
+    Subclasses add their fields (plain JSON values, lists of JSON objects) and set ``kind``; the JSON
+    form carries ``"sink": kind``. :meth:`from_json` ignores keys it does not know, so a log written by
+    another version of twophase still recovers.
     """
 
-    #: Stable id of this sink; the transaction log is keyed by it.
-    sink_id: str
-    #: commit handles of one checkpoint with this many threads (I/O bound sinks set > 1)
+    kind: ClassVar[str] = ""
+    checkpoint_id: int
+    task_id: str
+    attempt_uid: str
+    records: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"sink": self.kind}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            out[f.name] = [dict(x) if isinstance(x, Mapping) else x for x in v] if isinstance(v, (list, tuple)) else v
+        return out
+
+    @classmethod
+    def from_json(cls: type[C], data: Mapping[str, Any]) -> C:
+        names = {f.name for f in dataclasses.fields(cls)}
+        kw = {k: (list(v) if isinstance(v, (list, tuple)) else v) for k, v in data.items() if k in names}
+        kw["checkpoint_id"] = int(kw["checkpoint_id"])
+        kw["task_id"] = str(kw["task_id"])
+        kw.setdefault("attempt_uid", "")
+        return cls(**kw)
+
+
+C = TypeVar("C", bound=Committable)
+
+
+class CommitStatus(str, enum.Enum):
+    """What committing one committable did (Flink's Committer outcomes, without retry-later: a
+    transient failure raises and the whole checkpoint's commit is retried, idempotently)."""
+
+    COMMITTED = "committed"
+    ALREADY_COMMITTED = "already_committed"
+    #: its data is gone (expired, deleted): never silent, the coordinator stops with DataLossError
+    LOST = "lost"
+
+
+@dataclass(frozen=True)
+class CommitResult(Generic[C]):
+    """The outcome of one committable; ``detail`` says why for LOST (what is gone, and where)."""
+
+    committable: C
+    status: CommitStatus
+    detail: str = ""
+
+
+class SinkWriter(abc.ABC, Generic[C]):
+    """The task side of one transaction (one task attempt, one checkpoint). Driven by :class:`TaskDriver`."""
+
+    def __init__(self, context: "TransactionContext") -> None:
+        self.context = context
+
+    @abc.abstractmethod
+    def write(self, batch: Any) -> int:
+        """Write one ``pyarrow.RecordBatch``; returns the number of records written. Nothing is visible."""
+
+    @abc.abstractmethod
+    def prepare_commit(self) -> C:
+        """Make everything written durable but invisible and return its committable (invariant 4)."""
+
+    @abc.abstractmethod
+    def abort(self) -> None:
+        """Drop the open transaction after a task failure (best effort; recovery sweeps the rest)."""
+
+
+class SinkCommitter(abc.ABC, Generic[C]):
+    """The driver side: commits and aborts committables, sweeps leftovers. Never writes the log."""
+
+    #: commit the committables of one checkpoint with this many threads (I/O-bound sinks set > 1)
     commit_parallelism: int = 1
-    #: True if lingering transactions hurt readers until they are aborted (Kafka: an open transaction
-    #: holds back read_committed consumers), so the Spark adapter aborts them right after each commit
-    #: too, not only at the recovery before the next micro-batch (which may never come).
-    sweep_after_commit: bool = False
-    #: what the sink promises; AT_LEAST_ONCE sinks commit at task end and the Spark adapter keeps no log
-    guarantee: Guarantee = Guarantee.EXACTLY_ONCE
+    #: the committable class this committer takes (decodes JSON handles from acks and the log)
+    committable_type: type[Committable] = Committable
 
-    def validate_destination(self) -> None:
-        """Fail early, on the driver before any data moves, if the destination cannot work (unreachable,
-        missing, refused settings), with an error that names the option and the fix. Default: nothing."""
-
-    # ---- executor side
+    def decode(self, handle: Mapping[str, Any]) -> C:
+        """The typed committable of a JSON handle (from an ack or the log)."""
+        return self.committable_type.from_json(handle)  # type: ignore[return-value]
 
     @abc.abstractmethod
-    def begin_transaction(self, context: TransactionContext) -> T:
-        """Open a transaction for ``context``; nothing of it is visible to readers."""
+    def commit(self, committable: C, *, recovering: bool = False) -> CommitResult[C]:
+        """Make ``committable``'s data visible; idempotent (invariant 2)."""
 
     @abc.abstractmethod
-    def write(self, txn: T, batch: Any) -> int:
-        """Write one ``pyarrow.RecordBatch`` into ``txn``; returns the number of records written."""
+    def abort(self, committable: C, *, recovering: bool = False) -> None:
+        """Discard ``committable``'s data; idempotent, never touches committed data (invariant 3).
+        ``recovering``: found in a PENDING checkpoint at recovery (its writer is gone)."""
 
-    @abc.abstractmethod
-    def pre_commit(self, txn: T) -> H:
-        """Make ``txn`` durable but invisible and return its handle (invariant 4)."""
+    def commit_checkpoint(self, checkpoint_id: int, committables: Sequence[C], *,
+                          recovering: bool = False) -> list[CommitResult[C]]:
+        """Commit every committable of a completed checkpoint; one result per committable, in order.
 
-    @abc.abstractmethod
-    def abort_open(self, txn: T) -> None:
-        """Drop an open transaction after a task failure (best effort; recovery cleans up the rest)."""
-
-    # ---- driver side
-
-    @abc.abstractmethod
-    def commit(self, handle: H) -> None:
-        """Make ``handle``'s data visible; idempotent (invariant 2)."""
-
-    @abc.abstractmethod
-    def abort(self, handle: H) -> None:
-        """Discard ``handle``'s data; idempotent (invariant 3)."""
-
-    def recover_and_commit(self, handle: H) -> None:
-        """Commit a handle of a COMPLETED checkpoint found at recovery; the writer may be long gone."""
-        self.commit(handle)
-
-    def recover_and_abort(self, handle: H) -> None:
-        """Abort a handle found at recovery that no completed checkpoint owns."""
-        self.abort(handle)
-
-    def commit_checkpoint(self, checkpoint_id: int, handles: Sequence[H], *, recovering: bool = False) -> None:
-        """Commit every handle of a completed checkpoint. Override to commit a checkpoint atomically.
-
-        The default commits handle by handle (``commit_parallelism`` threads) and is therefore only
-        atomic per handle; a crash in between is repaired by recovery committing the rest.
+        The default commits one by one (``commit_parallelism`` threads) and is therefore atomic only per
+        committable; a crash in between is repaired by recovery committing the rest (fault point
+        ``mid_commit``). Override to commit a checkpoint atomically (Delta: one table version).
         """
-        fn = self.recover_and_commit if recovering else self.commit
-        if not handles:
-            return
-        fn(handles[0])
+        if not committables:
+            return []
+        first = self.commit(committables[0], recovering=recovering)
         faults.maybe_crash("mid_commit", checkpoint_id)
-        rest = list(handles[1:])
+        rest = list(committables[1:])
         if self.commit_parallelism > 1 and len(rest) > 1:
             with ThreadPoolExecutor(min(self.commit_parallelism, len(rest))) as pool:
-                list(pool.map(fn, rest))
+                results = list(pool.map(lambda c: self.commit(c, recovering=recovering), rest))
         else:
-            for h in rest:
-                fn(h)
+            results = [self.commit(c, recovering=recovering) for c in rest]
+        return [first, *results]
 
-    def abort_lingering(self, up_to_checkpoint: int, keep: Collection[H] = ()) -> int:
-        """Abort transactions of checkpoints ``<= up_to_checkpoint`` not in ``keep`` (invariant 5).
-
-        Returns how many were aborted. The default knows of none.
-        """
+    def abort_lingering(self, up_to_checkpoint: int, highest_committed: Optional[int]) -> int:
+        """Abort this sink's transactions of checkpoints ``<= up_to_checkpoint`` that no completed
+        checkpoint owns (invariant 5); ``highest_committed`` is the log's highest COMMITTED id when the
+        coordinator calls. Returns how many were aborted. The default knows of none."""
         return 0
-
-    def transaction_log(self):  # -> TransactionLog (import cycle avoided)
-        """The durable log of this sink (its location is the sink's to choose)."""
-        raise NotImplementedError
-
-    def log_owner_hint(self) -> Optional[str]:
-        return None
 
     def close(self) -> None:
         """Release driver-side resources (clients, pools)."""
 
 
-def run_task(sink: TwoPhaseCommitSink[Any, Any], context: TransactionContext, batches: Iterable[Any]) -> Ack:
-    """Run one task's side of the protocol: begin, write every batch, pre_commit, return the ack.
+class SinkSpec(abc.ABC, Generic[C]):
+    """A sink's picklable description: options, identity, where its log lives; creates writers and committers.
+
+    Spark pickles the spec to executors (writers) and to the commit worker (committer). Keep it light:
+    clients are created lazily and left out of the pickled state.
+    """
+
+    #: Stable id of this sink; the transaction log is keyed by it and every name it creates carries its token.
+    sink_id: str
+    #: what the sink promises; AT_LEAST_ONCE sinks commit at task end and the Spark adapter keeps no log
+    guarantee: Guarantee = Guarantee.EXACTLY_ONCE
+    #: True if lingering transactions hurt readers until they are aborted (Kafka: an open transaction
+    #: holds back read_committed consumers), or a sweep is cheap, so the adapters sweep right after each
+    #: commit too, not only at the recovery before the next micro-batch (which may never come).
+    sweep_after_commit: bool = False
+
+    def validate_destination(self) -> None:
+        """Fail early, on the driver before any data moves, if the destination cannot work (unreachable,
+        missing, refused settings), with an error that names the option and the fix. Default: nothing."""
+
+    @abc.abstractmethod
+    def create_writer(self, context: TransactionContext) -> SinkWriter[C]:
+        """Open a transaction for ``context`` (task side); nothing of it is visible to readers."""
+
+    @abc.abstractmethod
+    def create_committer(self) -> SinkCommitter[C]:
+        """The driver-side committer of this sink."""
+
+    @abc.abstractmethod
+    def transaction_log(self) -> "TransactionLog":
+        """The durable log of this sink (its location is the sink's to choose; only the coordinator uses it)."""
+
+    def close(self) -> None:
+        """Release driver-side resources of the spec (shared clients)."""
+
+
+class TaskDriver(Generic[C]):
+    """The one task-side sequence of the protocol: create the writer, write, prepare_commit, or abort.
+
+    Used by the Spark writer (:func:`run_task`), ``foreach_batch`` and the runtime's sink task, which
+    writes a transaction in several steps between barriers. The transaction's moves are checked against
+    :data:`twophase.states.TRANSACTION_TRANSITIONS`; fault points ``write`` (after the first non-empty
+    write) and ``after_pre_commit`` are here and nowhere else.
+    """
+
+    def __init__(self, spec: SinkSpec[C], context: TransactionContext) -> None:
+        self.context = context
+        self.writer = spec.create_writer(context)
+        self.state: TransactionState = TransactionState.OPEN
+        self.records = 0
+        self._wrote = False
+
+    def _move(self, target: TransactionState) -> None:
+        check_transition(self.state, target, what=f"transaction {self.context}")
+        self.state = target
+
+    def write(self, batch: Any) -> int:
+        n = self.writer.write(batch)
+        self.records += n
+        if not self._wrote:
+            self._wrote = True
+            faults.maybe_crash("write", self.context.checkpoint_id)
+        return n
+
+    def prepare_commit(self) -> Ack:
+        """Pre-commit and return the ack (the committable as JSON, with the task's identity)."""
+        committable = self.writer.prepare_commit()
+        self._move(TransactionState.PRE_COMMITTED)
+        faults.maybe_crash("after_pre_commit", self.context.checkpoint_id)
+        c = self.context
+        _log.debug("pre_committed", sink_id=c.sink_id, checkpoint_id=c.checkpoint_id, task=c.task_id, records=self.records)
+        return Ack(c.checkpoint_id, c.task_id, c.attempt_uid, committable.to_json(), self.records, c.query_id)
+
+    def abort(self) -> None:
+        """Abort the open transaction (best effort: a failure is logged, recovery sweeps what is left)."""
+        if self.state is not TransactionState.OPEN:
+            return
+        try:
+            self.writer.abort()
+        except Exception as e:  # the original error matters more
+            _log.warning("abort_open_failed", checkpoint_id=self.context.checkpoint_id, task=self.context.task_id,
+                         error=str(e))
+        self._move(TransactionState.ABORTED)
+
+
+def run_task(spec: SinkSpec[Any], context: TransactionContext, batches: Iterable[Any]) -> Ack:
+    """Run one task's side of the protocol: write every batch, prepare_commit, return the ack.
 
     On any failure the open transaction is aborted and the error re-raised (the task fails and the
-    checkpoint cannot complete). Fault points ``write`` and ``after_pre_commit`` are here.
+    checkpoint cannot complete).
     """
-    txn = Transaction(context, sink.begin_transaction(context))
+    task = TaskDriver(spec, context)
     try:
-        first = True
         for batch in batches:
-            txn.records += sink.write(txn.payload, batch)
-            if first:
-                faults.maybe_crash("write", context.checkpoint_id)
-                first = False
-        handle = sink.pre_commit(txn.payload)
-        txn.transition_to(TransactionState.PRE_COMMITTED)
+            task.write(batch)
+        return task.prepare_commit()
     except BaseException:
-        if txn.state is TransactionState.OPEN:
-            try:
-                sink.abort_open(txn.payload)
-            except Exception as e:  # the original error matters more
-                _log.warning("abort_open_failed", checkpoint_id=context.checkpoint_id, task=context.task_id, error=str(e))
-            txn.transition_to(TransactionState.ABORTED)
+        task.abort()
         raise
-    faults.maybe_crash("after_pre_commit", context.checkpoint_id)
-    _log.debug("pre_committed", sink_id=context.sink_id, checkpoint_id=context.checkpoint_id,
-               task=context.task_id, records=txn.records)
-    return Ack(context.checkpoint_id, context.task_id, context.attempt_uid, dict(handle), txn.records,
-               context.query_id)

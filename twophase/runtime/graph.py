@@ -33,7 +33,7 @@ from twophase.runtime import operators as ops
 from twophase.runtime.sources import Source
 from twophase.runtime.watermarks import WatermarkStrategy
 from twophase.runtime.windows import AggregateFunction, TumblingEventTimeWindowOperator
-from twophase.sink import TwoPhaseCommitSink
+from twophase.sink import SinkSpec
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class Vertex:
     operator_factory: Optional[Callable[[], ops.Operator]] = None
     source: Optional[Source] = None
     watermarks: Optional[WatermarkStrategy] = None
-    sink: Optional[TwoPhaseCommitSink] = None
+    sink: Optional[SinkSpec] = None
     to_row: Optional[Callable[[Any], dict]] = None
 
     @property
@@ -171,11 +171,11 @@ class DataStream:
     def key_by(self, key_fn: Callable[[Any], Hashable]) -> "KeyedStream":
         return KeyedStream(self.graph, [(v, key_fn) for v, _ in self.producers], key_fn)
 
-    def sink_to(self, sink: TwoPhaseCommitSink, *, uid: Optional[str] = None, parallelism: Optional[int] = None,
+    def sink_to(self, sink: SinkSpec, *, uid: Optional[str] = None, parallelism: Optional[int] = None,
                 to_row: Optional[Callable[[Any], dict]] = None) -> Vertex:
         """Write into a two-phase-commit sink; records become Arrow rows: ``to_row(v)`` if given, else dicts as they are and ``{"value": v}`` otherwise."""
-        if not isinstance(sink, TwoPhaseCommitSink):
-            raise ConfigurationError(f"sink_to needs a TwoPhaseCommitSink, got {type(sink).__name__}; "
+        if not isinstance(sink, SinkSpec):
+            raise ConfigurationError(f"sink_to needs a SinkSpec, got {type(sink).__name__}; "
                                      "use collect() for a plain list")
         p = parallelism or self.graph.default_parallelism
         return self.graph._add(Vertex(self.graph._uid(uid, "sink"), "sink", p, self._edges(p), sink=sink, to_row=to_row))

@@ -140,7 +140,7 @@ class JobRunner:
             raise ConfigurationError(f"job {graph.name!r} has no transactional sink; give state_location= for its "
                                      "checkpoint log")
         self.log.claim(owner or f"twophase-runtime:{graph.name}")
-        self.committer = JobCommitter(self.sinks, self.log)
+        self.committer = JobCommitter(self.sinks)
         self.savepoint = Savepoint.read(restore_from) if restore_from else None
         self.metrics = JobMetrics()
         self._requests: "queue.Queue[_Request]" = queue.Queue()

@@ -30,7 +30,6 @@ from typing import Any, Callable, Optional
 
 import pyarrow as pa
 
-from twophase import faults
 from twophase._logging import get_logger
 from twophase.checkpoint import CancelCheckpointMarker, CheckpointBarrier
 from twophase.runtime.barriers import HANDLERS, BarrierHandler
@@ -39,8 +38,7 @@ from twophase.runtime.channels import (END_OF_INPUT, MAX_WATERMARK, InputGate, P
 from twophase.runtime.graph import Vertex, task_id
 from twophase.runtime.operators import Operator, TaskInfo
 from twophase.runtime.watermarks import StatusWatermarkValve
-from twophase.sink import TransactionContext, Transaction, TwoPhaseCommitSink
-from twophase.states import TransactionState
+from twophase.sink import SinkSpec, TaskDriver, TransactionContext
 
 _log = get_logger(__name__)
 
@@ -345,21 +343,21 @@ class OperatorTask(InputTask):
 
 
 class SinkTask(InputTask):
-    """Wraps a TwoPhaseCommitSink: one transaction per checkpoint interval (invariant 2)."""
+    """Runs a sink's writer through the :class:`~twophase.sink.TaskDriver`: one transaction per checkpoint
+    interval (invariant 2)."""
 
     batch_rows = 1024
 
-    def __init__(self, *args: Any, sink: TwoPhaseCommitSink, first_checkpoint_id: int,
+    def __init__(self, *args: Any, sink: SinkSpec[Any], first_checkpoint_id: int,
                  to_row: Optional[Callable[[Any], dict]] = None, **kw: Any) -> None:
         super().__init__(*args, **kw)
         self.sink = sink
         self.to_row = to_row
         self.next_label = first_checkpoint_id
-        self.txn: Optional[Transaction] = None
+        self.txn: Optional[TaskDriver[Any]] = None
         self.rows: list[dict] = []
         self.schema: Optional[pa.Schema] = None
         self.uncommitted: list[tuple[int, dict]] = []  # (checkpoint id pre-committed at, handle)
-        self.wrote_in_txn = False
         self.finished = False
 
     def invoke(self) -> None:
@@ -372,8 +370,7 @@ class SinkTask(InputTask):
         # sinks that name external transactions per attempt derive the name from it
         ctx = TransactionContext(self.sink.sink_id, self.next_label, f"{self.uid}-{self.subtask}",
                                  self.info.attempt, self.attempt_uid, task_attempt_id=int(self.attempt_uid, 16))
-        self.txn = Transaction(ctx, self.sink.begin_transaction(ctx))
-        self.wrote_in_txn = False
+        self.txn = TaskDriver(self.sink, ctx)
 
     def process(self, value: Any, timestamp: Optional[int]) -> None:
         to_row = self.to_row
@@ -391,18 +388,13 @@ class SinkTask(InputTask):
         else:
             batch = pa.RecordBatch.from_pylist(self.rows, schema=self.schema)
         self.rows = []
-        self.txn.records += self.sink.write(self.txn.payload, batch)
-        if not self.wrote_in_txn:
-            self.wrote_in_txn = True
-            faults.maybe_crash("write", self.txn.context.checkpoint_id)
+        self.txn.write(batch)
 
     def _pre_commit(self, checkpoint_id: int) -> None:
         self._write_rows()
         if self.txn is not None:
-            handle = self.sink.pre_commit(self.txn.payload)
-            self.txn.transition_to(TransactionState.PRE_COMMITTED)
-            faults.maybe_crash("after_pre_commit", checkpoint_id)
-            self.uncommitted.append((checkpoint_id, dict(handle)))
+            ack = self.txn.prepare_commit()
+            self.uncommitted.append((checkpoint_id, dict(ack.handle)))
             self.txn = None
 
     def on_checkpoint(self, barrier: CheckpointBarrier, priority: bool) -> None:
@@ -440,9 +432,5 @@ class SinkTask(InputTask):
         return False
 
     def cleanup(self) -> None:
-        if self.txn is not None and self.txn.state is TransactionState.OPEN:
-            try:
-                self.sink.abort_open(self.txn.payload)
-            except Exception as e:  # recovery's abort_lingering cleans what this leaves
-                _log.warning("abort_open_failed", task=self.tid, error=repr(e))
-            self.txn.transition_to(TransactionState.ABORTED)
+        if self.txn is not None:  # recovery's abort_lingering cleans what this leaves
+            self.txn.abort()

@@ -33,7 +33,7 @@ from pyspark.sql.types import StructType
 from twophase._logging import get_logger
 from twophase.coordinator import CheckpointCoordinator
 from twophase.errors import ConfigurationError
-from twophase.sink import Ack, Guarantee, TransactionContext, TwoPhaseCommitSink, run_task
+from twophase.sink import Ack, Guarantee, TransactionContext, SinkSpec, run_task
 
 _log = get_logger(__name__)
 
@@ -42,7 +42,7 @@ BATCH_ID_PROPERTY = "streaming.sql.batchId"
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 
 
-def task_context(sink: TwoPhaseCommitSink[Any, Any], batch_id: Optional[int] = None) -> TransactionContext:
+def task_context(sink: SinkSpec[Any], batch_id: Optional[int] = None) -> TransactionContext:
     """The :class:`TransactionContext` of the running Spark task (executor side).
 
     ``batch_id`` defaults to Spark's ``streaming.sql.batchId`` local property. The attempt identity is
@@ -76,7 +76,7 @@ def _acks(messages: List[Optional[WriterCommitMessage]]) -> list[Optional[Ack]]:
     return [m.to_ack() if isinstance(m, TwoPhaseCommitMessage) else None for m in messages]
 
 
-def prepare_sink(sink: TwoPhaseCommitSink[Any, Any], owner: Optional[str], *, what: str) -> None:
+def prepare_sink(sink: SinkSpec[Any], owner: Optional[str], *, what: str) -> None:
     """Driver-side start of a query (or batch): validate, claim the log for ``owner``, recover.
 
     Exactly-once needs the query's checkpoint location as the log's owner; it is what lets a
@@ -114,9 +114,9 @@ def checkpoint_query_id(checkpoint_location: Optional[str]) -> Optional[str]:
 
 
 class TwoPhaseStreamWriter(DataSourceStreamArrowWriter):
-    """Drives a :class:`TwoPhaseCommitSink` from Spark (see module docstring for where each runs)."""
+    """Drives a :class:`SinkSpec` from Spark (see module docstring for where each runs)."""
 
-    def __init__(self, sink: TwoPhaseCommitSink[Any, Any]) -> None:
+    def __init__(self, sink: SinkSpec[Any]) -> None:
         self.sink = sink
 
     def write(self, iterator: Iterator[Any]) -> TwoPhaseCommitMessage:
@@ -148,7 +148,7 @@ class TwoPhaseSinkDataSource(DataSource, abc.ABC):
         return cls.short_name
 
     @abc.abstractmethod
-    def build_sink(self, schema: StructType) -> TwoPhaseCommitSink[Any, Any]:
+    def build_sink(self, schema: StructType) -> SinkSpec[Any]:
         """Validate ``self.options`` and build the sink (driver side; raises ConfigurationError)."""
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> TwoPhaseStreamWriter:

@@ -16,10 +16,10 @@ import json
 from typing import Any, Callable, Iterator
 
 from twophase.coordinator import CheckpointCoordinator
-from twophase.sink import Ack, Guarantee, TwoPhaseCommitSink, run_task
+from twophase.sink import Ack, Guarantee, SinkSpec, run_task
 
 
-def foreach_batch(sink: TwoPhaseCommitSink[Any, Any], *, owner: str | None = None) -> Callable[[Any, int], None]:
+def foreach_batch(sink: SinkSpec[Any], *, owner: str | None = None) -> Callable[[Any, int], None]:
     """Return a ``foreachBatch`` function writing each batch to ``sink`` exactly once.
 
     ``owner`` identifies the query for the sink's log (use the query's checkpoint location);
