@@ -3,7 +3,7 @@
 Executors write Parquet data files straight into the table location (Hive-style partition directories);
 a data file no Delta commit references is invisible to every Delta reader. A task's handle is the list
 of its files as Delta Add actions (path, size, partition values, stats). The driver commits a whole
-checkpoint atomically (:meth:`DeltaSink.commit_checkpoint`): one Delta commit with every Add action of
+checkpoint atomically (:meth:`DeltaCommitter.commit_checkpoint`): one Delta commit with every Add action of
 every task and an app transaction ``(app id = sink id, version = checkpoint id)``. Commits go through
 deltalake (delta-rs); on S3 its conditional put (If-None-Match) makes concurrent commits safe.
 
@@ -51,11 +51,12 @@ import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Collection, Iterator, Mapping, Optional, Sequence
+from typing import Any, ClassVar, Iterator, Mapping, Optional, Sequence, TypedDict
 
 import pyarrow as pa
 
-from twophase.sinks._formats import FileLikeTransaction, ParquetFormatWriter, write_rolling
+from twophase.sinks._filelike import FileLikeWriter
+from twophase.sinks._formats import ParquetFormatWriter
 from twophase.sinks.s3 import (MultipartStream, S3_CLIENT_OPTIONS, abort_lingering_uploads, check_bucket, check_partition_columns,
                       complete_upload, multipart_etag, s3_config_from)
 from twophase.sinks._naming import internal_rel, own_part_checkpoint
@@ -66,7 +67,8 @@ from twophase.errors import ConfigurationError, MissingDependencyError, Transien
 from twophase.log import TransactionLog, _fsync_dir, makedirs_durable
 from twophase.log_s3 import S3Config, error_code, open_log_store, parse_s3_url
 from twophase.options import Option, parse_bool, parse_choice, parse_list, parse_options, parse_size
-from twophase.sink import Guarantee, TransactionContext, TwoPhaseCommitSink, sink_token
+from twophase.sink import (Committable, CommitResult, CommitStatus, Guarantee, SinkCommitter, SinkSpec,
+                           TransactionContext, sink_token)
 from twophase.states import CheckpointState
 
 _log = get_logger(__name__)
@@ -333,14 +335,27 @@ class _OpenFile:
     stats: _Stats
 
 
-@dataclass(kw_only=True)
-class DeltaTransaction(FileLikeTransaction):
-    """In-task state: open data files per partition directory and the finished ones (future Add actions)."""
+class DataFile(TypedDict):
+    """One data file of a committable, as the Delta Add action it becomes (``rel`` = ``path``)."""
 
-    pool: ThreadPoolExecutor
+    path: str
+    rel: str
+    size: int
+    partition_values: dict[str, Optional[str]]
+    modification_time: int
+    stats: str
+    records: int
 
 
-class DeltaSink(TwoPhaseCommitSink[dict, DeltaTransaction]):
+@dataclass(frozen=True, kw_only=True)
+class DeltaCommittable(Committable):
+    """A Delta transaction's handle: its data files (future Add actions); a checkpoint commits them in one version."""
+
+    kind: ClassVar[str] = "delta"
+    files: list[DataFile] = field(default_factory=list)
+
+
+class DeltaSink(SinkSpec[DeltaCommittable]):
     """Exactly-once appends to a Delta table: one atomic Delta commit per checkpoint (see module invariants)."""
 
     #: sweep right after each commit too (invariant 4): after the last batch of a run no recovery comes;
@@ -439,61 +454,84 @@ class DeltaSink(TwoPhaseCommitSink[dict, DeltaTransaction]):
         loc = self.options.log_location or f"{self.uri}/{internal_rel(self.sink_id)}/log"
         return TransactionLog(open_log_store(loc, self.options.s3), self.sink_id, retain=self.options.log_retain)
 
-    # ---- executor side
+    def create_writer(self, context: TransactionContext) -> "DeltaWriter":
+        return DeltaWriter(self, context)
 
-    def begin_transaction(self, context: TransactionContext) -> DeltaTransaction:
-        return DeltaTransaction(context=context, pool=ThreadPoolExecutor(2, thread_name_prefix="twophase-delta-part"))
+    def create_committer(self) -> "DeltaCommitter":
+        return DeltaCommitter(self)
 
-    def write(self, txn: DeltaTransaction, batch: pa.RecordBatch) -> int:
-        if batch.num_rows == 0:
-            return 0
-        write_rolling(txn.open_files, batch, self.partition_by, self.options.target_file_size,
-                      lambda rel, schema: self._open(txn, rel, schema), lambda f: self._close(txn, f),
-                      observe=lambda f, piece: f.stats.update(piece))
-        txn.records += batch.num_rows
-        return batch.num_rows
 
-    def _open(self, txn: DeltaTransaction, part_rel: str, schema: pa.Schema) -> _OpenFile:
-        name = txn.next_name("parquet")
+class DeltaWriter(FileLikeWriter[DeltaCommittable]):
+    """Task side: Parquet data files straight under the table root, invisible until a Delta commit adds them."""
+
+    def __init__(self, sink: DeltaSink, context: TransactionContext) -> None:
+        super().__init__(context, partition_by=sink.partition_by, max_file_size=sink.options.target_file_size,
+                         upload_threads=2)
+        self.sink = sink
+
+    def open_file(self, part_rel: str, schema: pa.Schema) -> _OpenFile:
+        name = self.next_name("parquet")
         rel = f"{part_rel}/{name}" if part_rel else name
-        stream = self.files.open(rel, txn.pool)
-        compression = "none" if self.options.compression == "none" else self.options.compression
+        assert self.pool is not None
+        stream = self.sink.files.open(rel, self.pool)
+        compression = "none" if self.sink.options.compression == "none" else self.sink.options.compression
         return _OpenFile(rel, part_rel, stream, ParquetFormatWriter(stream, schema, compression), _Stats(schema))
 
-    def _close(self, txn: DeltaTransaction, f: _OpenFile) -> None:
+    def observe(self, f: _OpenFile, piece: pa.RecordBatch) -> None:
+        f.stats.update(piece)
+
+    def finish_file(self, f: _OpenFile) -> dict[str, Any]:
         f.writer.close()
-        size = self.files.finish(f.stream)
-        txn.closed.append({"path": f.rel, "rel": f.rel, "size": size,
-                           "partition_values": _partition_values(f.part_rel, self.options.schema),
-                           "modification_time": int(time.time() * 1000), "stats": f.stats.to_json(),
-                           "records": f.stats.num_records})
+        size = self.sink.files.finish(f.stream)
+        return {"path": f.rel, "rel": f.rel, "size": size,
+                "partition_values": _partition_values(f.part_rel, self.sink.options.schema),
+                "modification_time": int(time.time() * 1000), "stats": f.stats.to_json(),
+                "records": f.stats.num_records}
 
-    def pre_commit(self, txn: DeltaTransaction) -> dict:
-        try:
-            for key in list(txn.open_files):
-                self._close(txn, txn.open_files.pop(key))
-        finally:
-            txn.pool.shutdown(wait=True)
-        c = txn.context
-        return {"sink": "delta", "checkpoint_id": c.checkpoint_id, "task_id": c.task_id, "attempt_uid": c.attempt_uid,
-                "files": list(txn.closed), "records": txn.records}
+    def committable(self) -> DeltaCommittable:
+        c = self.context
+        return DeltaCommittable(checkpoint_id=c.checkpoint_id, task_id=c.task_id, attempt_uid=c.attempt_uid,
+                                records=self.records, files=list(self.finished))  # type: ignore[arg-type]
 
-    def abort_open(self, txn: DeltaTransaction) -> None:
-        for f in txn.open_files.values():
-            self.files.discard(f.stream, f.rel)
-        for f in txn.closed:
-            with contextlib.suppress(Exception):
-                self.files.delete(f["rel"])
-        txn.pool.shutdown(wait=False)
+    def discard_open(self, f: _OpenFile) -> None:
+        self.sink.files.discard(f.stream, f.rel)
 
-    # ---- driver side
+    def discard_finished(self, entry: dict[str, Any]) -> None:
+        self.sink.files.delete(entry["rel"])
 
-    def commit_checkpoint(self, checkpoint_id: int, handles: Sequence[Mapping[str, Any]], *,
-                          recovering: bool = False) -> None:
+
+class DeltaCommitter(SinkCommitter[DeltaCommittable]):
+    """Driver side: ONE Delta commit per checkpoint (invariants 1, 2), file deletes (3), the sweep (4).
+
+    The sweep needs the sink's log to PROVE a file uncommitted (the record of its checkpoint is final
+    and does not list it): it reads records and keeps its watermark in the log's store, but never
+    writes a checkpoint's state (the coordinator alone does).
+    """
+
+    committable_type = DeltaCommittable
+
+    def __init__(self, sink: DeltaSink) -> None:
+        self.sink = sink
+        self.sink_id = sink.sink_id
+        self.uri = sink.uri
+        self.files = sink.files
+        self.options = sink.options
+        self._log: Optional[TransactionLog] = None
+
+    def _table(self) -> Any:
+        return self.sink._table()
+
+    def transaction_log(self) -> TransactionLog:
+        if self._log is None:
+            self._log = self.sink.transaction_log()
+        return self._log
+
+    def commit_checkpoint(self, checkpoint_id: int, handles: Sequence[DeltaCommittable], *,
+                          recovering: bool = False) -> list[CommitResult[DeltaCommittable]]:
         """ONE Delta commit for the whole checkpoint, skipped if the table already has it (invariants 1, 2)."""
         _deltalake()  # a clear MissingDependencyError if deltalake is missing
         from deltalake.transaction import AddAction, CommitProperties, Transaction
-        files = [f for h in handles for f in h.get("files", ())]
+        files = [f for h in handles for f in h.files]
         dt = self._table()
         if dt is None:
             raise TwoPhaseError(f"twophase-delta: the table {self.uri} is gone; checkpoint {checkpoint_id} cannot "
@@ -501,9 +539,9 @@ class DeltaSink(TwoPhaseCommitSink[dict, DeltaTransaction]):
         done = dt.transaction_version(self.sink_id)
         if done is not None and done >= checkpoint_id:
             _log.info("delta_already_committed", sink_id=self.sink_id, checkpoint_id=checkpoint_id, table_txn=done)
-            return
+            return [CommitResult(h, CommitStatus.ALREADY_COMMITTED) for h in handles]
         if not files:  # nothing to add: an empty batch makes no Delta version
-            return
+            return [CommitResult(h, CommitStatus.COMMITTED) for h in handles]
         actions = [AddAction(f["path"], int(f["size"]), dict(f["partition_values"]), int(f["modification_time"]),
                              True, f["stats"]) for f in files]
         props = CommitProperties(
@@ -514,17 +552,18 @@ class DeltaSink(TwoPhaseCommitSink[dict, DeltaTransaction]):
         _log.info("delta_committed", sink_id=self.sink_id, checkpoint_id=checkpoint_id, files=len(files),
                   records=sum(int(f.get("records", 0)) for f in files), recovering=recovering)
         faults.maybe_crash("mid_commit", checkpoint_id)
+        return [CommitResult(h, CommitStatus.COMMITTED) for h in handles]
 
-    def commit(self, handle: Mapping[str, Any]) -> None:
-        """A Delta checkpoint commits whole: this commits ``handle`` as the only one of its checkpoint."""
-        self.commit_checkpoint(int(handle["checkpoint_id"]), [handle])
+    def commit(self, committable: DeltaCommittable, *, recovering: bool = False) -> CommitResult[DeltaCommittable]:
+        """A Delta checkpoint commits whole: this commits ``committable`` as the only one of its checkpoint."""
+        return self.commit_checkpoint(committable.checkpoint_id, [committable], recovering=recovering)[0]
 
-    def abort(self, handle: Mapping[str, Any]) -> None:
-        """Delete the handle's data files (invariant 3); they are referenced by no Delta commit."""
-        for f in handle.get("files", ()):
+    def abort(self, committable: DeltaCommittable, *, recovering: bool = False) -> None:
+        """Delete the committable's data files (invariant 3); they are referenced by no Delta commit."""
+        for f in committable.files:
             self.files.delete(f["rel"])
 
-    def abort_lingering(self, up_to_checkpoint: int, keep: Collection[Mapping[str, Any]] = ()) -> int:
+    def abort_lingering(self, up_to_checkpoint: int, highest_committed: Optional[int] = None) -> int:
         """Delete this sink's data files of checkpoints in (watermark, up_to] that its log proves were
         never committed (invariant 4).
 
@@ -548,23 +587,22 @@ class DeltaSink(TwoPhaseCommitSink[dict, DeltaTransaction]):
         listed = int(mark.get("listed_up_to", scanned))  # ... and <= this by a whole-table listing
         if up_to_checkpoint <= scanned:
             return removed
-        kept = {f["rel"] for h in keep for f in h.get("files", ())}
         every = max(1, min(FULL_SWEEP_EVERY, self.options.log_retain // 2))
         rec = log.get(up_to_checkpoint) if up_to_checkpoint == scanned + 1 else None
         if rec is not None and rec.state is CheckpointState.COMMITTED and up_to_checkpoint - listed < every:
-            n = self._sweep_committed(rec, kept)
+            n = self._sweep_committed(rec)
             if n is None:
                 return removed  # the next sweep (recovery before the next batch, or a restart) tries again
             removed += n
         else:
-            removed += self._sweep_listing(log, listed, up_to_checkpoint, kept)
+            removed += self._sweep_listing(log, listed, up_to_checkpoint)
             listed = up_to_checkpoint
         log.store.put(WATERMARK, json.dumps({"scanned_up_to": up_to_checkpoint, "listed_up_to": listed}).encode())
         if removed:
             _log.info("lingering_aborted", sink_id=self.sink_id, up_to=up_to_checkpoint, files=removed)
         return removed
 
-    def _sweep_committed(self, rec: Any, kept: Collection[str]) -> Optional[int]:
+    def _sweep_committed(self, rec: Any) -> Optional[int]:
         """Delete the files of COMMITTED checkpoint ``rec`` that its record does not list; None if it failed.
 
         Only where the checkpoint's files can be: the partition directories its committed Add actions
@@ -583,7 +621,7 @@ class DeltaSink(TwoPhaseCommitSink[dict, DeltaTransaction]):
         try:
             for d in dirs:
                 for rel in list(self.files.list_named(d, name_prefix)):
-                    if (rel in committed or rel in kept
+                    if (rel in committed
                             or own_part_checkpoint(rel.rsplit("/", 1)[-1], self.sink_id) != cid):
                         continue
                     self.files.delete(rel)
@@ -593,12 +631,12 @@ class DeltaSink(TwoPhaseCommitSink[dict, DeltaTransaction]):
             return None
         return removed
 
-    def _sweep_listing(self, log: TransactionLog, after: int, up_to: int, kept: Collection[str]) -> int:
+    def _sweep_listing(self, log: TransactionLog, after: int, up_to: int) -> int:
         """List the whole table; delete own files of checkpoints in (after, up_to] that final records prove orphaned."""
         candidates: dict[str, int] = {}
         for rel in self.files.list_data():
             cid = own_part_checkpoint(rel.rsplit("/", 1)[-1], self.sink_id)
-            if cid is not None and after < cid <= up_to and rel not in kept:
+            if cid is not None and after < cid <= up_to:
                 candidates[rel] = cid
         records = {cid: log.get(cid) for cid in sorted(set(candidates.values()))}
         unprovable: list[str] = []

@@ -9,22 +9,22 @@ Layout under ``s3://bucket/prefix``::
 
 One transaction (a task's share of a checkpoint) opens one multipart upload per output file:
 
-- ``begin_transaction`` opens nothing yet; the first rows of a partition directory create the upload;
+- the writer (``S3Writer``) opens nothing at first; the first rows of a partition directory create the upload;
 - ``write`` encodes rows (Parquet, JSON lines, CSV) into a buffer and uploads a part each time the buffer
   reaches ``partSize`` (at least 5 MiB, S3's minimum for all parts but the last), in the background;
-- ``pre_commit`` closes the format (footer), uploads the last part and returns the handle:
-  ``{bucket, key, upload_id, parts: [{PartNumber, ETag}], etag}`` for every file;
-- ``commit`` completes each upload; ``abort`` aborts it.
+- ``prepare_commit`` closes the format (footer), uploads the last part and returns the committable
+  (:class:`S3Committable`): ``{bucket, key, upload_id, parts: [{PartNumber, ETag}], etag}`` per file;
+- the committer (``S3Committer``) completes each upload at commit, or aborts it.
 
 Invariants (``test_s3_sink_invN_*``):
 
 1. An object appears under the prefix only through ``commit`` (CompleteMultipartUpload), whole.
 2. ``commit`` is idempotent: completing a completed upload is a no-op; an unknown upload plus an
    object whose ETag is the expected multipart ETag (MD5 of the part MD5s, ``-N``) means committed
-   before. An unknown upload without that object raises :class:`~twophase.errors.DataLossError`.
+   before. An unknown upload without that object is LOST (the coordinator stops with DataLossError).
 3. ``abort`` only aborts uploads; it never deletes an object, so committed data is never touched.
 4. ``abort_lingering(n)`` aborts the in-progress uploads under the prefix of checkpoints ``<= n`` that
-   carry this sink's token and are not in ``keep`` (crashed tasks, failed attempts): after recovery no
+   carry this sink's token (crashed tasks, failed attempts): after recovery no
    orphan upload of this sink remains, and no other sink's or tool's upload is ever touched. It also
    runs right after each commit (``sweep_after_commit``), so a loser attempt of the LAST batch of a run
    (a retried task whose first attempt died, a speculative copy) leaves no upload behind: one
@@ -42,20 +42,21 @@ import hashlib
 import io
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Collection, Mapping, Optional
+from typing import Any, ClassVar, Collection, Mapping, Optional, TypedDict
 
 import pyarrow as pa
 
 from twophase.sinks._naming import internal_rel, own_part_checkpoint, part_file_name
-from twophase.sinks._formats import (EXTENSIONS, FORMATS, FileLikeTransaction, FormatWriter, open_format_writer,
-                            write_rolling)
+from twophase.sinks._filelike import FileLikeWriter
+from twophase.sinks._formats import EXTENSIONS, FORMATS, FormatWriter, open_format_writer
 from twophase._logging import get_logger
 from twophase._redact import safe_repr
 from twophase.errors import CommitFailedError, ConfigurationError, DataLossError, TransientSinkError
 from twophase.log import TransactionLog
 from twophase.log_s3 import S3Config, error_code, http_status, open_log_store, parse_s3_url
 from twophase.options import Option, parse_choice, parse_duration_ms, parse_list, parse_options, parse_size
-from twophase.sink import Guarantee, TransactionContext, TwoPhaseCommitSink
+from twophase.sink import (Committable, CommitResult, CommitStatus, Guarantee, SinkCommitter, SinkSpec,
+                           TransactionContext)
 
 _log = get_logger(__name__)
 
@@ -305,17 +306,30 @@ class _OpenObject:
     writer: FormatWriter
 
 
-@dataclass(kw_only=True)
-class S3Transaction(FileLikeTransaction):
-    """In-task state: the open uploads per partition directory, the finished ones, the part uploaders."""
+class Upload(TypedDict):
+    """One finished multipart upload of a committable (everything CompleteMultipartUpload needs)."""
 
-    pool: ThreadPoolExecutor
+    bucket: str
+    key: str
+    upload_id: str
+    parts: list[dict[str, Any]]
+    etag: str
+    bytes: int
+    records: int
 
 
-class S3Sink(TwoPhaseCommitSink[dict, S3Transaction]):
+@dataclass(frozen=True, kw_only=True)
+class S3Committable(Committable):
+    """An S3 transaction's handle: every upload it opened, completed by the committer."""
+
+    kind: ClassVar[str] = "s3"
+    uploads: list[Upload] = field(default_factory=list)
+    guarantee: str = Guarantee.EXACTLY_ONCE.value
+
+
+class S3Sink(SinkSpec[S3Committable]):
     """Exactly-once Parquet / JSON lines / CSV objects on S3 through multipart uploads."""
 
-    commit_parallelism = 8
     #: abort orphan uploads right after each commit too (invariant 4), not only at the recovery before the
     #: next micro-batch, which never comes after the last batch of a run: one ListMultipartUploads
     #: (prefix-scoped, paged by 1000 uploads in progress) per batch
@@ -343,10 +357,8 @@ class S3Sink(TwoPhaseCommitSink[dict, S3Transaction]):
             self._client = self.options.s3.client()
         return self._client
 
-    def _key(self, rel: str) -> str:
+    def key(self, rel: str) -> str:
         return f"{self.options.prefix}/{rel}" if self.options.prefix else rel
-
-    # ---- driver-side set-up
 
     def validate_destination(self) -> None:
         """Missing bucket, refused credentials, unreachable endpoint: a ConfigurationError now."""
@@ -356,75 +368,85 @@ class S3Sink(TwoPhaseCommitSink[dict, S3Transaction]):
         loc = self.options.log_location or f"{self.options.url}/{internal_rel(self.sink_id)}/log"
         return TransactionLog(open_log_store(loc, self.options.s3), self.sink_id, retain=self.options.log_retain)
 
-    # ---- executor side
+    def create_writer(self, context: TransactionContext) -> "S3Writer":
+        return S3Writer(self, context)
 
-    def begin_transaction(self, context: TransactionContext) -> S3Transaction:
-        return S3Transaction(context=context, pool=ThreadPoolExecutor(2, thread_name_prefix="twophase-s3-part"))
+    def create_committer(self) -> "S3Committer":
+        return S3Committer(self)
 
-    def write(self, txn: S3Transaction, batch: pa.RecordBatch) -> int:
-        if batch.num_rows == 0:
-            return 0
-        write_rolling(txn.open_files, batch, self.options.partition_by, self.options.max_file_size,
-                      lambda rel, schema: self._open(txn, rel, schema), lambda f: self._close(txn, f))
-        txn.records += batch.num_rows
-        return batch.num_rows
 
-    def _open(self, txn: S3Transaction, part_rel: str, schema: pa.Schema) -> _OpenObject:
-        name = txn.next_name(EXTENSIONS[self.options.format])
-        key = self._key(f"{part_rel}/{name}" if part_rel else name)
-        stream = MultipartStream(self.client, self.options.bucket, key, self.options.part_size, txn.pool)
-        writer = open_format_writer(self.options.format, stream, schema, compression=self.options.compression)
+class S3Writer(FileLikeWriter[S3Committable]):
+    """Task side: one multipart upload per output file, parts uploaded in the background."""
+
+    def __init__(self, sink: S3Sink, context: TransactionContext) -> None:
+        o = sink.options
+        super().__init__(context, partition_by=o.partition_by, max_file_size=o.max_file_size, upload_threads=2)
+        self.sink = sink
+
+    def open_file(self, part_rel: str, schema: pa.Schema) -> _OpenObject:
+        o = self.sink.options
+        name = self.next_name(EXTENSIONS[o.format])
+        key = self.sink.key(f"{part_rel}/{name}" if part_rel else name)
+        assert self.pool is not None
+        stream = MultipartStream(self.sink.client, o.bucket, key, o.part_size, self.pool)
+        writer = open_format_writer(o.format, stream, schema, compression=o.compression)
         return _OpenObject(key, stream, writer)
 
-    def _close(self, txn: S3Transaction, f: _OpenObject) -> None:
+    def finish_file(self, f: _OpenObject) -> dict[str, Any]:
         f.writer.close()
         parts = f.stream.finish()
-        txn.closed.append({"bucket": self.options.bucket, "key": f.key, "upload_id": f.stream.upload_id,
-                           "parts": parts, "etag": multipart_etag(parts), "bytes": f.stream.tell(),
-                           "records": f.writer.records})
+        return {"bucket": self.sink.options.bucket, "key": f.key, "upload_id": f.stream.upload_id,
+                "parts": parts, "etag": multipart_etag(parts), "bytes": f.stream.tell(), "records": f.writer.records}
 
-    def pre_commit(self, txn: S3Transaction) -> dict:
+    def after_finish(self) -> None:
+        if self.sink.guarantee is Guarantee.AT_LEAST_ONCE:  # task-level commit: visible now, duplicates on replay
+            for u in self.finished:
+                complete_upload(self.sink.client, u)
+
+    def committable(self) -> S3Committable:
+        c = self.context
+        return S3Committable(checkpoint_id=c.checkpoint_id, task_id=c.task_id, attempt_uid=c.attempt_uid,
+                             records=self.records, uploads=list(self.finished),  # type: ignore[arg-type]
+                             guarantee=self.sink.guarantee.value)
+
+    def discard_open(self, f: _OpenObject) -> None:
+        f.stream.abort()
+
+    def discard_finished(self, entry: dict[str, Any]) -> None:
+        abort_upload(self.sink.client, entry["bucket"], entry["key"], entry["upload_id"])
+
+
+class S3Committer(SinkCommitter[S3Committable]):
+    """Driver side: complete (invariants 1, 2) or abort (3) uploads; sweep this sink's orphans (4)."""
+
+    committable_type = S3Committable
+    commit_parallelism = 8
+
+    def __init__(self, sink: S3Sink) -> None:
+        self.sink = sink
+
+    def commit(self, committable: S3Committable, *, recovering: bool = False) -> CommitResult[S3Committable]:
+        if committable.guarantee == Guarantee.AT_LEAST_ONCE.value:
+            return CommitResult(committable, CommitStatus.COMMITTED)
         try:
-            for key in list(txn.open_files):
-                self._close(txn, txn.open_files.pop(key))
-        finally:
-            txn.pool.shutdown(wait=True)
-        if self.guarantee is Guarantee.AT_LEAST_ONCE:  # task-level commit: visible now, duplicates on replay
-            for u in txn.closed:
-                complete_upload(self.client, u)
-        c = txn.context
-        return {"sink": "s3", "checkpoint_id": c.checkpoint_id, "task_id": c.task_id, "attempt_uid": c.attempt_uid,
-                "uploads": list(txn.closed), "records": txn.records, "guarantee": self.guarantee.value}
+            outcomes = [complete_upload(self.sink.client, u) for u in committable.uploads]
+        except DataLossError as e:  # invariant 2: gone, and no object with its ETag
+            return CommitResult(committable, CommitStatus.LOST, str(e))
+        _log.debug("s3_committed", sink_id=self.sink.sink_id, checkpoint_id=committable.checkpoint_id,
+                   task=committable.task_id, uploads=len(outcomes), already=outcomes.count("already"))
+        already = bool(outcomes) and all(o == "already" for o in outcomes)
+        return CommitResult(committable, CommitStatus.ALREADY_COMMITTED if already else CommitStatus.COMMITTED)
 
-    def abort_open(self, txn: S3Transaction) -> None:
-        for f in txn.open_files.values():
-            with contextlib.suppress(Exception):
-                f.stream.abort()
-        for u in txn.closed:
-            with contextlib.suppress(Exception):
-                abort_upload(self.client, u["bucket"], u["key"], u["upload_id"])
-        txn.pool.shutdown(wait=False)
-
-    # ---- driver side
-
-    def commit(self, handle: Mapping[str, Any]) -> None:
-        if handle.get("guarantee") == Guarantee.AT_LEAST_ONCE.value:
+    def abort(self, committable: S3Committable, *, recovering: bool = False) -> None:
+        if committable.guarantee == Guarantee.AT_LEAST_ONCE.value:
             return
-        outcomes = [complete_upload(self.client, u) for u in handle.get("uploads", ())]
-        _log.debug("s3_committed", sink_id=self.sink_id, checkpoint_id=handle.get("checkpoint_id"),
-                   task=handle.get("task_id"), uploads=len(outcomes), already=outcomes.count("already"))
+        for u in committable.uploads:
+            abort_upload(self.sink.client, u["bucket"], u["key"], u["upload_id"])
 
-    def abort(self, handle: Mapping[str, Any]) -> None:
-        if handle.get("guarantee") == Guarantee.AT_LEAST_ONCE.value:
-            return
-        for u in handle.get("uploads", ()):
-            abort_upload(self.client, u["bucket"], u["key"], u["upload_id"])
-
-    def abort_lingering(self, up_to_checkpoint: int, keep: Collection[Mapping[str, Any]] = ()) -> int:
-        """Abort uploads of checkpoints ``<= up_to_checkpoint`` that no handle in ``keep`` owns (invariant 4)."""
-        kept = {u["upload_id"] for h in keep for u in h.get("uploads", ())}
-        n = abort_lingering_uploads(self.client, self.options.bucket, self.options.prefix, self.sink_id,
-                                    up_to_checkpoint, kept)
+    def abort_lingering(self, up_to_checkpoint: int, highest_committed: Optional[int] = None) -> int:
+        """Abort this sink's uploads of checkpoints ``<= up_to_checkpoint`` (invariant 4)."""
+        o = self.sink.options
+        n = abort_lingering_uploads(self.sink.client, o.bucket, o.prefix, self.sink.sink_id, up_to_checkpoint, ())
         if n:
-            _log.info("lingering_aborted", sink_id=self.sink_id, up_to=up_to_checkpoint, uploads=n)
+            _log.info("lingering_aborted", sink_id=self.sink.sink_id, up_to=up_to_checkpoint, uploads=n)
         return n

@@ -144,7 +144,7 @@ class FakeSink(SinkSpec[FakeCommittable], SinkCommitter[FakeCommittable]):
 
     def _commit(self, op: str, handle: Union[Mapping[str, Any], FakeCommittable]) -> CommitResult[FakeCommittable]:
         committable = handle if isinstance(handle, FakeCommittable) else FakeCommittable.from_json(handle)
-        self._enter(op, committable)
+        self._enter(op, committable.to_json())
         with self._lock:
             self.calls.append((op, committable.txn))
             txn = self.txns.get(committable.txn)
@@ -159,7 +159,7 @@ class FakeSink(SinkSpec[FakeCommittable], SinkCommitter[FakeCommittable]):
             return CommitResult(committable, CommitStatus.COMMITTED)
 
     def _abort(self, op: str, handle: Union[Mapping[str, Any], FakeCommittable]) -> None:
-        self._enter(op, handle)
+        self._enter(op, handle.to_json() if isinstance(handle, FakeCommittable) else handle)
         with self._lock:
             self.calls.append((op, _txn_id(handle)))
             txn = self.txns.get(_txn_id(handle))

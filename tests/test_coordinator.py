@@ -448,7 +448,7 @@ def test_coordinator_inv5_recovery_commits_completed_and_aborts_pending(coord, s
     assert report.aborted == [3]
     # lingering data is aborted only up to the highest committed id (2): id 3 may be re-attempted now
     assert report.lingering_aborted == 0
-    assert sink.lingering_calls[-1] == (2, [])
+    assert sink.lingering_calls[-1] == (2, 2)
     assert [txlog.get(c).state for c in (1, 2, 3)] == [C.COMMITTED, C.COMMITTED, C.ABORTED]
     assert txlog.get(3).reason == "aborted at recovery"
     assert sink.committed == txn_ids(done) + txn_ids(decided)

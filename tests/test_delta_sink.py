@@ -11,7 +11,8 @@ from deltalake import DeltaTable
 from twophase.sinks.delta import DeltaSink, _partition_values, _Stats
 from twophase.coordinator import CheckpointCoordinator
 from twophase.errors import ConfigurationError
-from twophase.sink import TransactionContext, run_task, sink_token
+from twophase.testing import abort, abort_lingering
+from twophase.sink import CommitStatus, TransactionContext, run_task, sink_token
 
 SCHEMA = pa.schema([("id", pa.int64()), ("p", pa.string()), ("v", pa.float64())])
 
@@ -48,9 +49,12 @@ def test_delta_sink_inv1_one_delta_commit_per_checkpoint(sink) -> None:
 
 def test_delta_sink_inv2_checkpoint_already_in_the_table_is_skipped(sink) -> None:
     acks = run_checkpoint(sink, 3)
-    sink.commit_checkpoint(3, [a.handle for a in acks])
-    sink.commit_checkpoint(3, [a.handle for a in acks])  # e.g. recovery after a crash before COMMITTED
-    sink.commit_checkpoint(2, [a.handle for a in acks])  # an older checkpoint is also already in
+    c = sink.create_committer()
+    handles = [c.decode(a.handle) for a in acks]
+    assert {r.status for r in c.commit_checkpoint(3, handles)} == {CommitStatus.COMMITTED}
+    # e.g. recovery after a crash before COMMITTED; an older checkpoint is also already in
+    assert {r.status for r in c.commit_checkpoint(3, handles, recovering=True)} == {CommitStatus.ALREADY_COMMITTED}
+    assert {r.status for r in c.commit_checkpoint(2, handles)} == {CommitStatus.ALREADY_COMMITTED}
     dt = DeltaTable(sink.uri)
     assert dt.version() == 1 and dt.to_pyarrow_table().num_rows == 20
 
@@ -61,7 +65,7 @@ def test_delta_sink_inv3_abort_deletes_only_the_handles_files(sink) -> None:
     before = set(sink.files.list_data())
     acks = run_checkpoint(sink, 1)
     for a in acks:
-        sink.abort(a.handle)
+        abort(sink, a.handle)
     assert set(sink.files.list_data()) == before
     assert DeltaTable(sink.uri).to_pyarrow_table().num_rows == 20
 
@@ -70,17 +74,17 @@ def test_delta_sink_inv4_abort_lingering_deletes_unreferenced_files_once(sink) -
     co = CheckpointCoordinator(sink, sweep_after_commit=False)
     co.complete_batch(0, run_checkpoint(sink, 0))
     run_checkpoint(sink, 1)  # a crashed attempt: files without a commit
-    assert sink.abort_lingering(0) == 0  # checkpoint 1 is not <= 0
-    assert sink.abort_lingering(1) == 0  # no final record of checkpoint 1 proves its files orphaned: kept
+    assert abort_lingering(sink, 0) == 0  # checkpoint 1 is not <= 0
+    assert abort_lingering(sink, 1) == 0  # no final record of checkpoint 1 proves its files orphaned: kept
     run_checkpoint(sink, 2)  # another crashed attempt, then the re-run of checkpoint 2 commits
     co.complete_batch(2, run_checkpoint(sink, 2))
     committed = {f["rel"] for cid in (0, 2) for h in sink.transaction_log().get(cid).handles.values()
                  for f in h["files"]}
-    assert sink.abort_lingering(2) == 4  # the crashed attempt of 2; checkpoint 1 has still no record
+    assert abort_lingering(sink, 2) == 4  # the crashed attempt of 2; checkpoint 1 has still no record
     assert {r for r in sink.files.list_data() if "-00000001-" not in r} == committed
     assert DeltaTable(sink.uri).to_pyarrow_table().num_rows == 40
     run_checkpoint(sink, 2)
-    assert sink.abort_lingering(2) == 0  # checkpoint 2 was scanned already (watermark)
+    assert abort_lingering(sink, 2) == 0  # checkpoint 2 was scanned already (watermark)
 
 
 def test_delta_sink_inv5_schema_checks(sink, tmp_path) -> None:
@@ -116,8 +120,7 @@ def attempt(sink: DeltaSink, cid: int, task: int, rows: pa.RecordBatch, *, pre_c
     ctx = TransactionContext(sink.sink_id, cid, str(task))
     if pre_commit:
         return run_task(sink, ctx, [rows])
-    txn = sink.begin_transaction(ctx)
-    sink.write(txn, rows)
+    sink.create_writer(ctx).write(rows)
     return None
 
 

@@ -13,6 +13,7 @@ from twophase.sinks.files import FileSink
 from twophase.coordinator import CheckpointCoordinator
 from twophase.errors import ConfigurationError, DataLossError
 from twophase.sink import TransactionContext, run_task
+from twophase.testing import abort, abort_lingering, commit
 from twophase.states import CheckpointState
 
 
@@ -39,16 +40,16 @@ def sink(tmp_path):
 def test_file_sink_inv1_nothing_visible_before_commit(sink):
     ack = prepare(sink, 0, "0", 0, 10)
     assert visible_ids(sink.root) == []
-    sink.commit(ack.handle)
+    commit(sink, ack.handle)
     assert visible_ids(sink.root) == list(range(10))
 
 
 def test_file_sink_inv2_commit_is_idempotent(sink):
     ack = prepare(sink, 0, "0", 0, 10)
-    sink.commit(ack.handle)
+    commit(sink, ack.handle)
     files = sorted(os.listdir(sink.root))
-    sink.commit(ack.handle)
-    sink.recover_and_commit(ack.handle)
+    commit(sink, ack.handle)
+    commit(sink, ack.handle)
     assert sorted(os.listdir(sink.root)) == files
     assert visible_ids(sink.root) == list(range(10))
 
@@ -57,7 +58,7 @@ def test_file_sink_inv2_crash_between_link_and_unlink(sink):
     ack = prepare(sink, 0, "0", 0, 10)
     f = ack.handle["files"][0]
     os.link(os.path.join(sink.root, f["staged"]), os.path.join(sink.root, f["final"]))  # the crash left both names
-    sink.recover_and_commit(ack.handle)
+    commit(sink, ack.handle)
     assert not os.path.exists(os.path.join(sink.root, f["staged"]))
     assert visible_ids(sink.root) == list(range(10))
 
@@ -66,29 +67,29 @@ def test_file_sink_inv2_lost_staged_file_is_data_loss(sink):
     ack = prepare(sink, 3, "1", 0, 10)
     os.unlink(os.path.join(sink.root, ack.handle["files"][0]["staged"]))
     with pytest.raises(DataLossError, match="checkpoint 3 task 1"):
-        sink.commit(ack.handle)
+        commit(sink, ack.handle)
 
 
 def test_file_sink_inv3_abort_never_touches_committed_data(sink):
     ack = prepare(sink, 0, "0", 0, 10)
-    sink.commit(ack.handle)
-    sink.abort(ack.handle)
-    sink.recover_and_abort(ack.handle)
+    commit(sink, ack.handle)
+    abort(sink, ack.handle)
+    abort(sink, ack.handle, recovering=True)
     assert visible_ids(sink.root) == list(range(10))
     other = prepare(sink, 1, "0", 10, 20)
-    sink.abort(other.handle)
-    sink.abort(other.handle)
+    abort(sink, other.handle)
+    abort(sink, other.handle)
     assert visible_ids(sink.root) == list(range(10))
     assert not os.path.exists(os.path.join(sink.root, other.handle["attempt_dir"]))
 
 
-def test_file_sink_inv4_abort_lingering_respects_bound_and_keep(sink):
+def test_file_sink_inv4_abort_lingering_respects_bound(sink):
     a1 = prepare(sink, 1, "0", 0, 5)
     a1b = prepare(sink, 1, "1", 5, 10)
     a2 = prepare(sink, 2, "0", 10, 15)
-    assert sink.abort_lingering(1, keep=[a1b.handle]) == 1
+    assert abort_lingering(sink, 1) == 2
     assert not os.path.exists(os.path.join(sink.root, a1.handle["attempt_dir"]))
-    assert os.path.exists(os.path.join(sink.root, a1b.handle["attempt_dir"]))
+    assert not os.path.exists(os.path.join(sink.root, a1b.handle["attempt_dir"]))
     assert os.path.exists(os.path.join(sink.root, a2.handle["attempt_dir"]))  # a newer checkpoint: untouched
 
 
@@ -104,7 +105,7 @@ def test_file_sink_with_coordinator_rerun_and_duplicate_ack(sink):
     rerun = [prepare(sink, 0, str(t), t * 10, t * 10 + 10) for t in range(3)]
     assert CheckpointCoordinator(sink, log).complete_batch(0, rerun) == "ALREADY_COMMITTED"
     assert visible_ids(sink.root) == list(range(30))
-    assert os.listdir(sink._staging) == []
+    assert os.listdir(sink.staging) == []
     assert log.get(0).state is CheckpointState.COMMITTED
 
 
@@ -113,7 +114,7 @@ def test_file_sink_rolls_files_by_size(tmp_path):
     s.validate_destination()
     ack = prepare(s, 0, "0", 0, 2000)
     assert len(ack.handle["files"]) > 3
-    s.commit(ack.handle)
+    commit(s, ack.handle)
     assert visible_ids(s.root, "json") == list(range(2000))
 
 
@@ -121,7 +122,7 @@ def test_file_sink_rolls_files_by_size(tmp_path):
 def test_file_sink_hive_partitions_in_every_format(tmp_path, fmt):
     s = FileSink.from_options({"path": str(tmp_path / "o"), "format": fmt, "partitionBy": "grp"})
     s.validate_destination()
-    s.commit(prepare(s, 0, "0", 0, 10).handle)
+    commit(s, prepare(s, 0, "0", 0, 10).handle)
     assert sorted(os.listdir(s.root)) == ["_twophase", "grp=g0", "grp=g1"]
     assert visible_ids(s.root, fmt) == list(range(10))
     if fmt == "json":
@@ -133,7 +134,7 @@ def test_file_sink_escapes_partition_values(tmp_path):
     s = FileSink.from_options({"path": str(tmp_path / "o"), "partitionBy": "k"})
     s.validate_destination()
     b = pa.RecordBatch.from_pydict({"id": [1, 2, 3], "k": ["a/b", None, "x=y"]})
-    s.commit(run_task(s, TransactionContext(s.sink_id, 0, "0"), [b]).handle)
+    commit(s, run_task(s, TransactionContext(s.sink_id, 0, "0"), [b]).handle)
     assert sorted(os.listdir(s.root)) == ["_twophase", "k=__HIVE_DEFAULT_PARTITION__", "k=a%2Fb", "k=x%3Dy"]
 
 

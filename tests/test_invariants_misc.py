@@ -15,6 +15,7 @@ from twophase.sinks.files import FileSink
 from twophase.coordinator import CheckpointCoordinator
 from twophase.errors import DataLossError, QueryMismatchError
 from twophase.log_s3 import S3LogStore
+from twophase.testing import abort, commit
 from twophase.sink import Ack, TransactionContext, run_task
 
 
@@ -48,7 +49,7 @@ def test_sink_inv1_nothing_visible_before_commit(tmp_path):
     s = _file_sink(tmp_path)
     ack = _write(s, 0, "0", 0)
     assert _ids(str(tmp_path / "out")) == []
-    s.commit(ack.handle)
+    commit(s, ack.handle)
     assert _ids(str(tmp_path / "out")) == list(range(5))
 
 
@@ -57,14 +58,14 @@ def test_sink_inv2_commit_is_idempotent_and_lost_data_raises(tmp_path):
     or if a handle whose data is gone is committed silently (no DataLossError)."""
     s = _file_sink(tmp_path)
     ack = _write(s, 0, "0", 0)
-    s.commit(ack.handle)
-    s.commit(ack.handle)
-    s.recover_and_commit(ack.handle)
+    commit(s, ack.handle)
+    commit(s, ack.handle)
+    commit(s, ack.handle, recovering=True)
     assert _ids(str(tmp_path / "out")) == list(range(5))
     lost = _write(s, 1, "0", 100)
-    s.abort(lost.handle)
+    abort(s, lost.handle)
     with pytest.raises(DataLossError):
-        s.commit(lost.handle)
+        commit(s, lost.handle)
 
 
 def test_sink_inv3_abort_is_idempotent_and_never_touches_committed_data(tmp_path):
@@ -72,14 +73,14 @@ def test_sink_inv3_abort_is_idempotent_and_never_touches_committed_data(tmp_path
     abort of an aborted handle raises."""
     s = _file_sink(tmp_path)
     ack = _write(s, 0, "0", 0)
-    s.commit(ack.handle)
+    commit(s, ack.handle)
     for _ in range(2):
-        s.abort(ack.handle)
-        s.recover_and_abort(ack.handle)
+        abort(s, ack.handle)
+        abort(s, ack.handle, recovering=True)
     other = _write(s, 1, "0", 100)
-    s.abort(other.handle)
-    s.abort(other.handle)
-    s.recover_and_abort(other.handle)
+    abort(s, other.handle)
+    abort(s, other.handle)
+    abort(s, other.handle, recovering=True)
     assert _ids(str(tmp_path / "out")) == list(range(5))
 
 
@@ -90,7 +91,7 @@ def test_sink_inv4_handle_is_json_and_committed_by_another_sink_object(tmp_path)
     ack = _write(s, 0, "0", 0)
     handle = json.loads(json.dumps(ack.handle))
     del s
-    FileSink.from_options({"path": str(tmp_path / "out")}).commit(handle)
+    commit(FileSink.from_options({"path": str(tmp_path / "out")}), handle)
     assert _ids(str(tmp_path / "out")) == list(range(5))
 
 
@@ -169,7 +170,7 @@ def test_file_sink_inv5_every_directory_the_sink_creates_has_its_parent_fsynced(
     s.validate_destination()
     batch = pa.RecordBatch.from_pylist([{"id": i, "p": f"x{i % 2}"} for i in range(4)])
     ack = run_task(s, TransactionContext(s.sink_id, 0, "0"), [batch])
-    s.commit(ack.handle)
+    commit(s, ack.handle)
     created = [os.path.join(r, d) for r, ds, _ in os.walk(out) for d in ds]
     assert created
     for d in created:

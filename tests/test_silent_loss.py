@@ -17,6 +17,7 @@ from twophase.sinks.files import FileSink
 from twophase.coordinator import CheckpointCoordinator
 from twophase.errors import ConcurrentWriterError, QueryMismatchError
 from twophase.log import LocalLogStore, TransactionLog
+from twophase.testing import abort_lingering
 from twophase.sink import TransactionContext, run_task
 from twophase.states import CheckpointState
 
@@ -57,7 +58,7 @@ def test_sink_inv5_two_delta_sinks_on_one_table_never_sweep_each_other(tmp_path)
     b_acks = [write(b, 7, "0", 50_000), write(b, 7, "1", 60_000)]  # B pre-committed, not yet committed
     co_a.complete_batch(8, [write(a, 8, "0", 8000)])
     co_a.recover()  # A's sweep of checkpoints <= 8 must not touch B's checkpoint-7 files
-    a.abort_lingering(8)
+    abort_lingering(a, 8)
     co_b.complete_batch(7, b_acks)
     expected = sorted([*range(0, 10), *range(1000, 1010), *range(2000, 2010), *range(8000, 8010),
                        *range(50_000, 50_010), *range(60_000, 60_010)])
@@ -73,7 +74,7 @@ def test_sink_inv5_two_file_sinks_on_one_path_never_sweep_each_other(tmp_path) -
         s.transaction_log().claim(owner)
     b_ack = write(b, 3, "0", 500)
     CheckpointCoordinator(a).complete_batch(5, [write(a, 5, "0", 0)])
-    a.abort_lingering(5)
+    abort_lingering(a, 5)
     CheckpointCoordinator(b).complete_batch(3, [b_ack])
     import pyarrow.dataset as ds
     got = sorted(ds.dataset(out, format="parquet").to_table().column("id").to_pylist())
@@ -104,7 +105,7 @@ def test_delta_sink_inv4_recovery_never_deletes_a_file_history_references(tmp_pa
     co.complete_batch(1, [write(s, 1, "0", 200)])  # committed; the sweep watermark is still below it
     DeltaTable(uri).optimize.compact()  # removes checkpoint 0 and 1 files from the latest snapshot
     co.recover()
-    s.abort_lingering(1)
+    abort_lingering(s, 1)
     for version in range(0, DeltaTable(uri).version() + 1):  # time travel to every version still reads
         DeltaTable(uri, version=version).to_pyarrow_table()
     assert sorted(DeltaTable(uri, version=2).to_pyarrow_table().column("id").to_pylist()) == \

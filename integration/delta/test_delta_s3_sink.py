@@ -55,8 +55,8 @@ def test_delta_sink_inv4_last_batch_loser_files_and_uploads_removed_after_commit
 
     writer.commit([TwoPhaseCommitMessage(ack(0, t, rows(t * 100, 10)).to_json()) for t in (0, 1)], 0)
     lost = ack(1, 0, rows(1000, 10))
-    crashed = sink.begin_transaction(TransactionContext(sink.sink_id, 1, "0"))
-    sink.write(crashed, rows(1000, 10))  # open uploads; the task dies here
+    crashed = sink.create_writer(TransactionContext(sink.sink_id, 1, "0"))
+    crashed.write(rows(1000, 10))  # open uploads; the task dies here
     won = [ack(1, 0, rows(1000, 10)), ack(1, 1, rows(1100, 10))]
     client = s3_server.client()
     assert client.list_multipart_uploads(Bucket=bucket, Prefix="table/").get("Uploads")

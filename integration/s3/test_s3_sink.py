@@ -9,6 +9,7 @@ import pyarrow as pa
 import pytest
 
 from _support import S3Server
+from twophase.testing import abort, abort_lingering, commit
 from twophase.sinks._naming import own_part_checkpoint
 from twophase.sinks.s3 import S3Sink, complete_upload
 from twophase.coordinator import CheckpointCoordinator
@@ -85,30 +86,30 @@ def test_s3_sink_inv2_unknown_upload_with_expected_etag_is_already_committed(s3_
     bucket = s3_server.new_bucket()
     sink = make_sink(s3_server, bucket)
     ack = run_task(sink, TransactionContext(sink.sink_id, 0, "0"), [rows(1000)])
-    sink.commit(ack.handle)
+    commit(sink, ack.handle)
     u = dict(ack.handle["uploads"][0], upload_id="no-such-upload-id")
     # moto answers NoSuchUpload and the ETag decides ("already"); radosgw accepts the completion again
     assert complete_upload(sink.client, u) in ("already", "completed")
     assert s3_server.client().list_objects_v2(Bucket=bucket, Prefix="out/part-")["KeyCount"] == 1
-    sink.commit(ack.handle)  # a second commit of the same handle is a no-op
+    commit(sink, ack.handle)  # a second commit of the same handle is a no-op
 
 
 def test_s3_sink_inv2_aborted_upload_is_data_loss(s3_server: S3Server) -> None:
     bucket = s3_server.new_bucket()
     sink = make_sink(s3_server, bucket)
     ack = run_task(sink, TransactionContext(sink.sink_id, 0, "0"), [rows(1000)])
-    sink.abort(ack.handle)
+    abort(sink, ack.handle)
     with pytest.raises(DataLossError):
-        sink.commit(ack.handle)
+        commit(sink, ack.handle)
 
 
 def test_s3_sink_inv3_abort_never_touches_a_committed_object(s3_server: S3Server) -> None:
     bucket = s3_server.new_bucket()
     sink = make_sink(s3_server, bucket)
     ack = run_task(sink, TransactionContext(sink.sink_id, 0, "0"), [rows(1000)])
-    sink.commit(ack.handle)
-    sink.abort(ack.handle)
-    sink.abort(ack.handle)
+    commit(sink, ack.handle)
+    abort(sink, ack.handle)
+    abort(sink, ack.handle)
     assert s3_server.client().list_objects_v2(Bucket=bucket, Prefix="out/part-")["KeyCount"] == 1
 
 
@@ -116,14 +117,14 @@ def test_s3_sink_inv4_abort_lingering_only_up_to_n(s3_server: S3Server) -> None:
     bucket = s3_server.new_bucket()
     sink = make_sink(s3_server, bucket)
     for cid in (1, 2):
-        txn = sink.begin_transaction(TransactionContext(sink.sink_id, cid, "0"))
-        sink.write(txn, rows(10))  # a task that dies here leaves an open upload
+        txn = sink.create_writer(TransactionContext(sink.sink_id, cid, "0"))
+        txn.write(rows(10))  # a task that dies here leaves an open upload
     c = s3_server.client()
     assert len(c.list_multipart_uploads(Bucket=bucket)["Uploads"]) == 2
-    assert sink.abort_lingering(1) == 1
+    assert abort_lingering(sink, 1) == 1
     assert [own_part_checkpoint(u["Key"].split("/")[-1], sink.sink_id)
             for u in c.list_multipart_uploads(Bucket=bucket)["Uploads"]] == [2]
-    assert sink.abort_lingering(2) == 1
+    assert abort_lingering(sink, 2) == 1
     assert c.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
 
 
@@ -179,7 +180,7 @@ def test_s3_sink_inv4_sweeps_only_its_own_uploads(s3_server: S3Server) -> None:
     foreign = client.create_multipart_upload(Bucket=bucket, Key="out/part-00000001-00000-0123456789ab-000.parquet")
     b_ack = run_task(b, TransactionContext(b.sink_id, 1, "0"), [rows(1000)])  # pre-committed, not committed
     CheckpointCoordinator(a).complete_batch(2, [run_task(a, TransactionContext(a.sink_id, 2, "0"), [rows(10)])])
-    a.abort_lingering(5)
+    abort_lingering(a, 5)
     uploads = {u["UploadId"] for u in client.list_multipart_uploads(Bucket=bucket).get("Uploads", ())}
     assert foreign["UploadId"] in uploads  # another tool's upload, named like an old twophase one
     assert {u["upload_id"] for u in b_ack.handle["uploads"]} <= uploads
@@ -208,13 +209,13 @@ def test_s3_sink_inv4_last_batch_loser_upload_aborted_after_commit(s3_server: S3
     writer = TwoPhaseStreamWriter(sink)
     writer.commit([TwoPhaseCommitMessage(run_task(sink, TransactionContext(sink.sink_id, 0, "0"), [rows(10)]).to_json())], 0)
     lost = run_task(sink, TransactionContext(sink.sink_id, 1, "0"), [rows(10)])  # pre-committed, ack lost
-    crashed = sink.begin_transaction(TransactionContext(sink.sink_id, 1, "0"))
-    sink.write(crashed, rows(10))  # the upload is open; the task dies here
+    crashed = sink.create_writer(TransactionContext(sink.sink_id, 1, "0"))
+    crashed.write(rows(10))  # the upload is open; the task dies here
     won = run_task(sink, TransactionContext(sink.sink_id, 1, "0"), [rows(10)])
-    in_flight = sink.begin_transaction(TransactionContext(sink.sink_id, 2, "0"))  # a later checkpoint's task
-    sink.write(in_flight, rows(10))
-    foreign = other.begin_transaction(TransactionContext(other.sink_id, 1, "0"))
-    other.write(foreign, rows(10))
+    in_flight = sink.create_writer(TransactionContext(sink.sink_id, 2, "0"))  # a later checkpoint's task
+    in_flight.write(rows(10))
+    foreign = other.create_writer(TransactionContext(other.sink_id, 1, "0"))
+    foreign.write(rows(10))
     client = s3_server.client()
     assert len(client.list_multipart_uploads(Bucket=bucket)["Uploads"]) == 5
     listings = count_calls(sink.client, "ListMultipartUploads")
@@ -227,6 +228,6 @@ def test_s3_sink_inv4_last_batch_loser_upload_aborted_after_commit(s3_server: S3
     assert len(keys) == 2 and won.handle["uploads"][0]["key"] in keys
     assert lost.handle["uploads"][0]["key"] not in keys
     with pytest.raises(DataLossError):  # the loser can never be committed now (its checkpoint is COMMITTED)
-        sink.commit(lost.handle)
-    sink.abort_open(in_flight)
-    other.abort_open(foreign)
+        commit(sink, lost.handle)
+    in_flight.abort()
+    foreign.abort()

@@ -238,14 +238,13 @@ class CheckpointSink(FakeSink):
         self.lingering = []
 
     def commit_checkpoint(self, checkpoint_id, handles, *, recovering=False):
-        self.checkpoint_commits.append((checkpoint_id, [h["txn"] for h in handles], recovering))
-        for h in handles:
-            self.commit(h)
+        self.checkpoint_commits.append((checkpoint_id, [h.txn for h in handles], recovering))
+        return [self.commit(h, recovering=recovering) for h in handles]
 
 
 def _committer(txlog):
     a, b = CheckpointSink(txlog, "a"), CheckpointSink(txlog, "b")
-    return JobCommitter({"out-a": a, "out-b": b}, txlog), a, b
+    return JobCommitter({"out-a": a, "out-b": b}), a, b
 
 
 def _wrapped(sink, cid, task):
@@ -282,31 +281,30 @@ def test_committer_inv2_abort_of_a_task_handle_keeps_the_wrapped_transactions(tx
     assert a.aborted == [t2["txn"]]
 
 
-def test_committer_inv3_recovery_lingering_and_log_are_delegated_unchanged(txlog):
+def test_committer_inv3_recovery_and_lingering_reach_every_sinks_committer(txlog):
     """Fails if a recovered checkpoint's commit does not reach the sink's ``commit_checkpoint`` with
-    ``recovering=True`` and the inner handles, if ``recover_and_abort`` does not abort the inner
-    handles in their sink, if ``abort_lingering`` changes the bound or loses the inner ``keep``
-    handles (a kept transaction would be aborted), or if the committer uses another log than the job's."""
+    ``recovering=True`` and the inner handles, if an abort at recovery does not abort the inner
+    handles in their sink (no sink task holds them any more), or if ``abort_lingering`` does not reach
+    every sink with the bound and the highest committed id unchanged."""
     c, a, b = _committer(txlog)
     keep, stale, newer = _wrapped(a, 2, "0"), _wrapped(a, 2, "1"), _wrapped(b, 9, "0")
-    c.recover_and_abort({"task": "out-a#1", "sink": "out-a", "txns": [stale]})
+    c.abort({"task": "out-a#1", "sink": "out-a", "txns": [stale]}, recovering=True)
     assert a.aborted == [stale["txn"]] and b.calls == []
-    n = c.abort_lingering(3, [{"task": "out-a#0", "sink": "out-a", "txns": [keep]}])
-    assert n == 0 and a.lingering_calls == [(3, [keep])] and b.lingering_calls == [(3, [keep])]
-    assert a.state_of(keep).value == "PRE_COMMITTED" and b.state_of(newer).value == "PRE_COMMITTED"
     c.commit_checkpoint(2, [{"task": "out-a#0", "sink": "out-a", "txns": [keep]}], recovering=True)
     assert a.checkpoint_commits == [(2, [keep["txn"]], True)]
-    assert c.transaction_log() is txlog and c.sink_id == txlog.sink_id
+    n = c.abort_lingering(3, 2)
+    assert n == 0 and a.lingering_calls == [(3, 2)] and b.lingering_calls == [(3, 2)]
+    assert b.state_of(newer).value == "PRE_COMMITTED"
 
 
 def test_committer_inv3_recovery_hooks_reach_the_sinks_own_recovery_hooks(txlog):
-    """Fails if the inner sink sees ``abort``/``commit`` instead of its own ``recover_and_abort`` /
-    ``recover_and_commit`` (it did, before the committer delegated them: a sink overriding its recovery
-    hooks was bypassed at recovery)."""
+    """Fails if the inner sink is not told it is recovering (``recovering=True`` on abort and commit;
+    a sink may treat a handle whose writer is gone differently; before, the committer called the plain
+    hooks and a sink's recovery hooks were bypassed)."""
     c, a, _ = _committer(txlog)
     stale, done = _wrapped(a, 2, "1"), _wrapped(a, 2, "0")
-    c.recover_and_abort({"task": "out-a#1", "sink": "out-a", "txns": [stale]})
-    c.recover_and_commit({"task": "out-a#0", "sink": "out-a", "txns": [done]})
+    c.abort({"task": "out-a#1", "sink": "out-a", "txns": [stale]}, recovering=True)
+    c.commit_checkpoint(2, [{"task": "out-a#0", "sink": "out-a", "txns": [done]}], recovering=True)
     assert a.calls == [("recover_and_abort", stale["txn"]), ("recover_and_commit", done["txn"])]
 
 

@@ -62,17 +62,18 @@ class JobCommitter(SinkCommitter[Mapping[str, Any]]):
 
     def abort(self, committable: Mapping[str, Any], *, recovering: bool = False) -> None:
         if recovering:  # invariant 3: a task handle found PENDING at recovery; no sink task holds it any more
-            self.abort_transactions(committable.get("sink"), committable.get("txns") or ())
+            self.abort_transactions(committable.get("sink"), committable.get("txns") or (), recovering=True)
         elif committable.get("txns"):  # invariant 2: carried forward by the sink task
             _log.info("transactions_carried_forward", task=committable.get("task"), transactions=len(committable["txns"]))
 
-    def abort_transactions(self, sink_uid: Optional[str], txns: Collection[Mapping[str, Any]]) -> None:
+    def abort_transactions(self, sink_uid: Optional[str], txns: Collection[Mapping[str, Any]], *,
+                           recovering: bool = False) -> None:
         """Abort wrapped transactions no checkpoint can own any more (failover, cancel, recovery)."""
         if sink_uid is None:
             return
         c = self.committers[sink_uid]
         for inner in txns:
-            c.abort(c.decode(inner))
+            c.abort(c.decode(inner), recovering=recovering)
 
     def abort_lingering(self, up_to_checkpoint: int, highest_committed: Optional[int]) -> int:
         return sum(c.abort_lingering(up_to_checkpoint, highest_committed) for c in self.committers.values())

@@ -1,13 +1,17 @@
-"""Spark integration: ``register(spark)`` makes every twophase format available to a SparkSession.
+"""Spark integration: the generic adapter and the registry of formats.
 
-Formats: ``twophase-file`` (exactly-once files); further sinks and sources register here when their
-module is importable (``twophase-kafka``, ``twophase-s3``, ``twophase-delta``).
+``register(spark)`` makes every twophase format available to a SparkSession. Each connector owns its
+Spark data source class (``twophase.sinks.<name>_spark``); this package never imports a concrete
+connector except through the registry below: the built-in entries of :data:`DATA_SOURCES` and the
+entry points of group ``twophase.spark_formats`` (``name = "package.module:DataSourceClass"``), by
+which a connector of another distribution registers itself. An entry whose module cannot be imported
+(its extra is not installed) is skipped and logged.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import Any, Optional
 
 from twophase._logging import get_logger
 from twophase.errors import MissingDependencyError
@@ -16,23 +20,40 @@ _log = get_logger(__name__)
 
 #: "module:Class" of every Spark data source twophase offers; optional ones are skipped if their extra is missing
 DATA_SOURCES: tuple[str, ...] = (
-    "twophase.spark.file:FileDataSource",
+    "twophase.sinks.files_spark:FileDataSource",
     "twophase.spark.kafka:KafkaDataSource",
-    "twophase.spark.s3:S3DataSource",
-    "twophase.spark.delta:DeltaDataSource",
+    "twophase.sinks.s3_spark:S3DataSource",
+    "twophase.sinks.delta_spark:DeltaDataSource",
 )
+
+#: entry-point group by which other distributions add formats
+ENTRY_POINT_GROUP = "twophase.spark_formats"
+
+
+def _entries() -> list[str]:
+    from importlib.metadata import entry_points
+    extra = [ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)]
+    return [*DATA_SOURCES, *(e for e in extra if e not in DATA_SOURCES)]
 
 
 def data_source_classes() -> list[type]:
-    """The importable twophase data source classes."""
+    """The importable twophase data source classes (built-in and registered by entry point)."""
     out = []
-    for spec in DATA_SOURCES:
+    for spec in _entries():
         module, _, cls = spec.partition(":")
         try:
             out.append(getattr(importlib.import_module(module), cls))
         except ModuleNotFoundError as e:
-            _log.debug("data_source_unavailable", source=spec, error=str(e))
+            _log.info("data_source_unavailable", source=spec, error=str(e))
     return out
+
+
+def data_source_for(sink: Any) -> Optional[type]:
+    """The registered data source class whose ``spec_class`` is ``type(sink)`` (None if none is)."""
+    for cls in data_source_classes():
+        if getattr(cls, "spec_class", None) is type(sink):
+            return cls
+    return None
 
 
 def register(spark: Any) -> list[str]:

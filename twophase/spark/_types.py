@@ -154,23 +154,14 @@ def check_partition_columns(sink: str, schema: T.StructType, fmt: str, partition
                 f"date_format(ts, 'yyyy-MM-dd-HH') or cast(... as string)) or by a column of type {kinds}")
 
 
-#: the sink classes (by module) whose columns :func:`check_sink_columns` knows, and their format
-_SINK_MODULES = {"twophase.sinks.files": None, "twophase.sinks.s3": None, "twophase.sinks.delta": "delta",
-                 "twophase.sinks.kafka": "kafka"}
-
-
 def check_sink_columns(what: str, sink: Any, schema: T.StructType) -> None:
-    """:func:`check_columns` for a sink built outside a twophase format (``foreach_batch(sink)``): the format
-    comes from the sink (a file or S3 sink's ``format`` option, Delta, Kafka); other sinks are not checked."""
-    module = type(sink).__module__
-    if module not in _SINK_MODULES:
-        return
-    fmt = _SINK_MODULES[module] or sink.options.format
-    if fmt == "kafka":
-        check_kafka_columns(what, schema)
-        return
-    parts = getattr(sink, "partition_by", None) or getattr(sink.options, "partition_by", ())
-    check_columns(what, schema, fmt, partition_by=parts)
+    """:func:`check_columns` for a sink built outside a twophase format (``foreach_batch(sink)``): the
+    registered data source of the sink's class checks it (see :func:`twophase.spark.data_source_for`);
+    a sink no format is registered for is not checked."""
+    from twophase.spark import data_source_for
+    cls = data_source_for(sink)
+    if cls is not None:
+        cls.check_sink_columns(what, sink, schema)
 
 
 #: Spark's Kafka sink columns and the types it accepts (key/value: string or binary)

@@ -139,9 +139,16 @@ class TwoPhaseStreamWriter(DataSourceStreamArrowWriter):
 
 
 class TwoPhaseSinkDataSource(DataSource, abc.ABC):
-    """Base of every twophase Spark format that writes: subclasses set ``short_name`` and ``build_sink``."""
+    """Base of every twophase Spark format that writes: subclasses set ``short_name``, ``spec_class`` and
+    ``build_sink``, and refuse columns the sink cannot write in ``check_sink_columns``."""
 
     short_name: str = ""
+    #: the :class:`~twophase.sink.SinkSpec` class this format builds (``foreach_batch`` finds the format by it)
+    spec_class: Optional[type] = None
+
+    @classmethod
+    def check_sink_columns(cls, what: str, sink: SinkSpec[Any], schema: StructType) -> None:
+        """Refuse, on the driver, every column of ``schema`` that ``sink`` cannot write exactly. Default: none."""
 
     @classmethod
     def name(cls) -> str:

@@ -19,9 +19,14 @@ class DeltaDataSource(TwoPhaseSinkDataSource):
     """
 
     short_name = "twophase-delta"
+    spec_class = DeltaSink
 
     def build_sink(self, schema: StructType) -> DeltaSink:
         check_columns(self.short_name, schema, "delta")  # before the Arrow conversion, which has no form for some types
         sink = DeltaSink.from_options(dict(self.options), arrow_schema(schema))
         check_partition_columns(self.short_name, schema, "delta", sink.options.partition_by)
         return sink
+
+    @classmethod
+    def check_sink_columns(cls, what: str, sink: DeltaSink, schema: StructType) -> None:
+        check_columns(what, schema, "delta", partition_by=sink.partition_by or sink.options.partition_by)
