@@ -21,7 +21,9 @@ Invariants (``test_delta_sink_invN_*``):
 1. Rows become visible only through the checkpoint's single Delta commit: all of a checkpoint or none.
 2. A checkpoint is committed at most once: the commit is skipped when the table's transaction version
    for the app id is already ``>= checkpoint id`` (delta-rs accepts duplicates, so the check is ours).
-3. ``abort`` deletes only the files of the handle, which no Delta commit references.
+3. ``abort`` deletes only files of the handle that no Delta commit added (if the table has the
+   handle's checkpoint, that commit's files are read first and kept), and a commit never adds a file
+   that is gone (the checkpoint is LOST instead: a table never references a missing file).
 4. ``abort_lingering(n)`` deletes only data files that carry this sink's token, of checkpoints
    ``<= n``, that the sink's own log proves were never committed (the checkpoint's record is final and
    does not list the file): crashed tasks, failed attempts. It aborts in-progress S3 uploads of those
@@ -183,6 +185,9 @@ class _LocalFiles:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(self.root, rel))
 
+    def exists(self, rel: str) -> bool:
+        return os.path.isfile(os.path.join(self.root, rel))
+
     def list_named(self, dir_rel: str, name_prefix: str) -> Iterator[str]:
         """Files directly in ``dir_rel`` (``""``: the root) whose name starts with ``name_prefix``."""
         try:
@@ -240,6 +245,15 @@ class _S3Files:
         except Exception as e:
             if error_code(e) not in ("NoSuchKey", "404"):
                 raise TransientSinkError(f"twophase-delta: cannot delete s3://{self.bucket}/{self.key(rel)}: {e}") from e
+
+    def exists(self, rel: str) -> bool:
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=self.key(rel))
+            return True
+        except Exception as e:
+            if error_code(e) in ("NoSuchKey", "404", "NotFound"):
+                return False
+            raise TransientSinkError(f"twophase-delta: cannot check s3://{self.bucket}/{self.key(rel)}: {e}") from e
 
     def list_named(self, dir_rel: str, name_prefix: str) -> Iterator[str]:
         """Objects directly in ``dir_rel`` whose name starts with ``name_prefix``: one prefix listing."""
@@ -542,6 +556,11 @@ class DeltaCommitter(SinkCommitter[DeltaCommittable]):
             return [CommitResult(h, CommitStatus.ALREADY_COMMITTED) for h in handles]
         if not files:  # nothing to add: an empty batch makes no Delta version
             return [CommitResult(h, CommitStatus.COMMITTED) for h in handles]
+        lost = self._missing(handles)
+        if lost:  # never add a file that is gone: the table would reference it forever (invariant 2)
+            return [CommitResult(h, CommitStatus.LOST, f"twophase-delta: checkpoint {checkpoint_id} task {h.task_id}: "
+                                 f"data files {missing[:5]} are gone (deleted or vacuumed) and were never committed")
+                    if missing else CommitResult(h, CommitStatus.COMMITTED) for h, missing in lost]
         actions = [AddAction(f["path"], int(f["size"]), dict(f["partition_values"]), int(f["modification_time"]),
                              True, f["stats"]) for f in files]
         props = CommitProperties(
@@ -558,10 +577,53 @@ class DeltaCommitter(SinkCommitter[DeltaCommittable]):
         """A Delta checkpoint commits whole: this commits ``committable`` as the only one of its checkpoint."""
         return self.commit_checkpoint(committable.checkpoint_id, [committable], recovering=recovering)[0]
 
+    def _missing(self, handles: Sequence[DeltaCommittable]) -> list[tuple[DeltaCommittable, list[str]]]:
+        """``[(handle, its missing files)]`` if any file of ``handles`` is gone, else ``[]`` (one stat or
+        HEAD per file, in parallel)."""
+        rels = [f["rel"] for h in handles for f in h.files]
+        with ThreadPoolExecutor(min(8, len(rels))) as pool:
+            present = dict(zip(rels, pool.map(self.files.exists, rels)))
+        if all(present.values()):
+            return []
+        return [(h, [f["rel"] for f in h.files if not present[f["rel"]]]) for h in handles]
+
+    def _committed_files(self, checkpoint_id: int) -> Optional[set[str]]:
+        """The data files of this sink's Delta commit of ``checkpoint_id`` (every file the table had at
+        that version), ``set()`` if the table has no commit of it, None if it cannot be told (the
+        version's log entry is gone)."""
+        dt = self._table()
+        if dt is None:
+            return set()
+        done = dt.transaction_version(self.sink_id)
+        if done is None or done < checkpoint_id:
+            return set()
+        for entry in dt.history():
+            if entry.get("twophase.sink_id") == self.sink_id and entry.get("twophase.checkpoint_id") == checkpoint_id:
+                dl = _deltalake()
+                at = dl.DeltaTable(self.uri, version=int(entry["version"]), storage_options=self.options.storage_options())
+                paths = pa.table(at.get_add_actions(flatten=True)).column("path").to_pylist()
+                return {urllib.parse.unquote(p) for p in paths}
+        return None
+
     def abort(self, committable: DeltaCommittable, *, recovering: bool = False) -> None:
-        """Delete the committable's data files (invariant 3); they are referenced by no Delta commit."""
+        """Delete the committable's data files that no Delta commit added (invariant 3).
+
+        The coordinator aborts only committables its log does not record as committed, so the common
+        abort deletes at once; only when the table already has this checkpoint (a loser attempt of a
+        committed checkpoint: a re-run, a speculative copy) does it read that commit's files first and
+        keep every file the commit added. If that commit cannot be found, nothing is deleted (logged;
+        the sweep, which proves orphans from the log, or VACUUM removes them)."""
+        if not committable.files:
+            return
+        committed = self._committed_files(committable.checkpoint_id)
+        if committed is None:
+            _log.warning("delta_abort_kept", sink_id=self.sink_id, checkpoint_id=committable.checkpoint_id,
+                         files=len(committable.files), why="the table has this checkpoint but its commit is not in "
+                         "the history any more; cannot prove these files uncommitted")
+            return
         for f in committable.files:
-            self.files.delete(f["rel"])
+            if f["rel"] not in committed:
+                self.files.delete(f["rel"])
 
     def abort_lingering(self, up_to_checkpoint: int, highest_committed: Optional[int] = None) -> int:
         """Delete this sink's data files of checkpoints in (watermark, up_to] that its log proves were

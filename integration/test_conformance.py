@@ -1,0 +1,43 @@
+"""The conformance suite (:mod:`twophase.testing`) against the sinks on real servers: S3 (radosgw, or
+moto with ``TWOPHASE_S3_SERVER=moto``), Delta on S3, and Kafka (noida-db, or ``KAFKA_BOOTSTRAP_SERVERS``).
+Files and local Delta run it in ``tests/test_conformance.py``."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+
+from harnesses import DeltaHarness, S3Harness  # noqa: E402
+from twophase.testing import CONFORMANCE_CHECKS, SinkHarness  # noqa: E402
+
+SINKS = ["s3", "delta-s3"]
+
+
+def _harness(kind: str, request: Any) -> SinkHarness:
+    if kind in ("s3", "delta-s3"):
+        server = request.getfixturevalue("s3_server")
+        bucket = server.new_bucket()
+        if kind == "s3":
+            return S3Harness(bucket, "out", server.options(), server.client())
+        storage = {"AWS_ENDPOINT_URL": server.endpoint, "AWS_ACCESS_KEY_ID": server.access_key,
+                   "AWS_SECRET_ACCESS_KEY": server.secret_key, "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"}
+        return DeltaHarness(f"s3://{bucket}/table", server.options(), storage)
+    raise ValueError(kind)
+
+
+@pytest.fixture(params=SINKS)
+def harness(request) -> Any:
+    h = _harness(request.param, request)
+    yield h
+    h.close()
+
+
+@pytest.mark.parametrize("check", CONFORMANCE_CHECKS, ids=lambda c: c.__name__.removeprefix("conformance_"))
+def test_sink_conformance(harness: SinkHarness, check) -> None:
+    """Every sink invariant of :mod:`twophase.sink`, on this sink and its real server."""
+    check(harness)

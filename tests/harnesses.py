@@ -1,0 +1,106 @@
+"""Conformance harnesses (:class:`twophase.testing.SinkHarness`) of the built-in sinks.
+
+``tests/test_conformance.py`` runs the suite on files and Delta (local path); ``integration/test_conformance.py``
+on S3, Delta on S3 and Kafka, with the servers of the integration fixtures.
+"""
+
+from __future__ import annotations
+
+import os
+import urllib.parse
+from typing import Any, Optional
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+
+from twophase.sinks._naming import own_part_checkpoint
+from twophase.testing import SinkHarness
+
+
+class FileHarness(SinkHarness):
+    name = "files"
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+
+    def make_sink(self, sink_id: str) -> Any:
+        from twophase.sinks.files import FileSink
+        s = FileSink.from_options({"path": self.root, "sink.id": sink_id})
+        s.validate_destination()
+        return s
+
+    def visible_ids(self) -> list[int]:
+        d = ds.dataset(self.root, format="parquet", partitioning="hive", exclude_invalid_files=False,
+                       ignore_prefixes=["_", "."])
+        return sorted(d.to_table(columns=["id"]).column("id").to_pylist()) if d.files else []
+
+    def leftovers(self, sink: Any) -> int:
+        return sum(len(files) for _, _, files in os.walk(sink.staging))
+
+
+class DeltaHarness(SinkHarness):
+    """Delta on a local path, or on S3 with ``options`` (the sink's ``s3.*``) and ``storage`` (delta-rs')."""
+
+    name = "delta"
+
+    def __init__(self, uri: str, options: Optional[dict[str, str]] = None,
+                 storage: Optional[dict[str, str]] = None) -> None:
+        self.uri, self.options, self.storage = uri, dict(options or {}), storage
+
+    def make_sink(self, sink_id: str) -> Any:
+        from twophase.sinks.delta import DeltaSink
+        s = DeltaSink.from_options({"path": self.uri, "sink.id": sink_id, **self.options}, self.batch(0, 1).schema)
+        s.validate_destination()
+        return s
+
+    def visible_ids(self) -> list[int]:
+        from deltalake import DeltaTable
+        t = DeltaTable(self.uri, storage_options=self.storage).to_pyarrow_table(columns=["id"])
+        return sorted(t.column("id").to_pylist())
+
+    def leftovers(self, sink: Any) -> int:
+        from deltalake import DeltaTable
+        dt = DeltaTable(self.uri, storage_options=self.storage)
+        versions = range(0, dt.version() + 1)
+        added: set[str] = set()
+        for v in versions:  # every file any version added (history keeps them)
+            t = DeltaTable(self.uri, version=v, storage_options=self.storage)
+            added |= {urllib.parse.unquote(p) for p in pa.table(t.get_add_actions(flatten=True)).column("path").to_pylist()}
+        own = [rel for rel in sink.files.list_data() if own_part_checkpoint(rel.rsplit("/", 1)[-1], sink.sink_id) is not None]
+        return len([rel for rel in own if rel not in added])
+
+
+
+
+class S3Harness(SinkHarness):
+    """twophase-s3 on a bucket prefix of a real S3 server (``options``: the sink's ``s3.*`` options)."""
+
+    name = "s3"
+
+    def __init__(self, bucket: str, prefix: str, options: dict[str, str], client: Any) -> None:
+        self.bucket, self.prefix, self.options, self.client = bucket, prefix, options, client
+
+    def make_sink(self, sink_id: str) -> Any:
+        from twophase.sinks.s3 import S3Sink
+        s = S3Sink.from_options({"path": f"s3://{self.bucket}/{self.prefix}", "partSize": "5m", "sink.id": sink_id,
+                                 **self.options})
+        s.validate_destination()
+        return s
+
+    def visible_ids(self) -> list[int]:
+        import io
+
+        import pyarrow.parquet as pq
+        out: list[int] = []
+        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=f"{self.prefix}/"):
+            for o in page.get("Contents", ()):
+                rel = o["Key"][len(self.prefix) + 1:]
+                if rel.split("/")[-1].startswith(("_", ".")) or any(p.startswith("_") for p in rel.split("/")[:-1]):
+                    continue
+                body = self.client.get_object(Bucket=self.bucket, Key=o["Key"])["Body"].read()
+                out += pq.read_table(io.BytesIO(body)).column("id").to_pylist()
+        return sorted(out)
+
+    def leftovers(self, sink: Any) -> int:
+        ups = self.client.list_multipart_uploads(Bucket=self.bucket, Prefix=f"{self.prefix}/").get("Uploads", ())
+        return len([u for u in ups if own_part_checkpoint(u["Key"].rsplit("/", 1)[-1], sink.sink_id) is not None])
