@@ -25,6 +25,7 @@ import pyarrow as pa  # noqa: E402
 from deltalake import DeltaTable, write_deltalake  # noqa: E402
 
 from _s3bench import endpoint, make_batch, stop  # noqa: E402
+from twophase.sinks.delta import delta_storage_options
 from twophase.sinks.delta import DeltaSink  # noqa: E402
 from twophase.coordinator import CheckpointCoordinator  # noqa: E402
 from twophase.log_s3 import S3Config  # noqa: E402
@@ -90,7 +91,7 @@ def main() -> None:
             bucket = f"bench-{uuid.uuid4().hex[:8]}"
             cfg.client().create_bucket(Bucket=bucket)
             extra = {"s3.endpoint": ep, "s3.accessKeyId": "test", "s3.secretAccessKey": "test", "s3.region": "us-east-1"}
-            lines += run("S3", f"s3://{bucket}", extra, cfg.delta_storage_options(), batches, a.batches, a.tasks)
+            lines += run("S3", f"s3://{bucket}", extra, delta_storage_options(cfg), batches, a.batches, a.tasks)
         finally:
             stop(server_dir)
     print(f"\nDelta benchmark: {a.batches} batches x {a.tasks} tasks x {a.rows} rows\n")

@@ -27,11 +27,24 @@ from typing import Any, Optional, TypeVar
 
 import pyarrow as pa
 
+from twophase.errors import ConfigurationError
 from twophase.sink import Committable, SinkWriter, TransactionContext
 from twophase.sinks._formats import write_rolling
 from twophase.sinks._naming import part_file_name
 
 C = TypeVar("C", bound=Committable)
+
+
+def check_partition_columns(sink: str, columns: tuple[str, ...], schema: Any) -> None:
+    """Partition columns must be columns of the stream, and not all of them."""
+    if schema is None or not columns:
+        return
+    missing = [c for c in columns if c not in schema.names]
+    if missing:
+        raise ConfigurationError(f"{sink}: option 'partitionBy' names {missing}, which are not columns of the "
+                                 f"stream ({', '.join(schema.names)})")
+    if len(columns) == len(schema.names):
+        raise ConfigurationError(f"{sink}: option 'partitionBy' names every column; keep at least one data column")
 
 
 class FileLikeWriter(SinkWriter[C]):

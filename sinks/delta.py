@@ -59,15 +59,16 @@ import pyarrow as pa
 
 from twophase.sinks._filelike import FileLikeWriter
 from twophase.sinks._formats import ParquetFormatWriter
-from twophase.sinks.s3 import (MultipartStream, S3_CLIENT_OPTIONS, abort_lingering_uploads, check_bucket, check_partition_columns,
-                      complete_upload, multipart_etag, s3_config_from)
+from twophase.sinks._filelike import check_partition_columns
+from twophase.sinks._s3 import MultipartStream, abort_lingering_uploads, check_bucket, complete_upload, multipart_etag
 from twophase.sinks._naming import internal_rel, own_part_checkpoint
 from twophase import faults
 from twophase._logging import get_logger
 from twophase._redact import safe_repr
 from twophase.errors import ConfigurationError, MissingDependencyError, TransientSinkError, TwoPhaseError
-from twophase.log import TransactionLog, _fsync_dir, makedirs_durable
-from twophase.log_s3 import S3Config, error_code, open_log_store, parse_s3_url
+from twophase.log import TransactionLog
+from twophase.log_store import fsync_dir, makedirs_durable
+from twophase.log_s3 import S3_CLIENT_OPTIONS, S3Config, error_code, open_log_store, parse_s3_url, s3_config_from
 from twophase.options import Option, parse_bool, parse_choice, parse_list, parse_options, parse_size
 from twophase.sink import (Committable, CommitResult, CommitStatus, Guarantee, SinkCommitter, SinkSpec,
                            TransactionContext, sink_token)
@@ -90,6 +91,30 @@ DELTA_OPTIONS: tuple[Option[Any], ...] = (
     Option("compression", parse_choice("snappy", "zstd", "gzip", "none"), "snappy", help="Parquet compression"),
     *S3_CLIENT_OPTIONS,
 )
+
+
+def delta_storage_options(config: S3Config) -> dict[str, str]:
+    """The same settings as deltalake (object_store) storage options."""
+    out: dict[str, str] = {}
+    endpoint = config.resolved_endpoint()
+    if endpoint:
+        out["AWS_ENDPOINT_URL"] = endpoint
+        if endpoint.startswith("http://"):
+            out["AWS_ALLOW_HTTP"] = "true"
+    region = config.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    out["AWS_REGION"] = region or "us-east-1"
+    if config.access_key_id:
+        out["AWS_ACCESS_KEY_ID"] = config.access_key_id
+        out["AWS_SECRET_ACCESS_KEY"] = config.secret_access_key or ""
+        if config.session_token:
+            out["AWS_SESSION_TOKEN"] = config.session_token
+    if config.connect_timeout_ms:
+        out["connect_timeout"] = f"{config.connect_timeout_ms}ms"
+    if config.read_timeout_ms:
+        out["timeout"] = f"{config.read_timeout_ms}ms"
+    # commits to _delta_log use S3's conditional put (If-None-Match), no locking service needed
+    out["conditional_put"] = "etag"
+    return out
 
 
 def _deltalake() -> Any:
@@ -149,7 +174,7 @@ class DeltaSinkOptions:
 
     def storage_options(self) -> Optional[dict[str, str]]:
         """deltalake storage options: S3 settings from the ``s3.*`` options / environment, then ``storage.*``."""
-        out = self.s3.delta_storage_options() if self.on_s3 else {}
+        out = delta_storage_options(self.s3) if self.on_s3 else {}
         out.update(self.storage)
         return out or None
 
@@ -173,7 +198,7 @@ class _LocalFiles:
         os.fsync(stream.fileno())
         size = stream.tell()
         stream.close()
-        _fsync_dir(os.path.dirname(stream.name))
+        fsync_dir(os.path.dirname(stream.name))
         return size
 
     def discard(self, stream: Any, rel: str) -> None:

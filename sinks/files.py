@@ -38,12 +38,13 @@ from typing import Any, ClassVar, Mapping, Optional, TypedDict
 
 import pyarrow as pa
 
-from twophase.sinks._filelike import FileLikeWriter
+from twophase.sinks._filelike import FileLikeWriter, check_partition_columns
 from twophase.sinks._formats import EXTENSIONS, FORMATS, FormatWriter, open_format_writer
 from twophase._logging import get_logger
 from twophase.errors import ConfigurationError, TwoPhaseError
 from twophase.sinks._naming import internal_rel
-from twophase.log import TransactionLog, _fsync_dir, makedirs_durable
+from twophase.log import TransactionLog
+from twophase.log_store import fsync_dir, makedirs_durable
 from twophase.options import Option, parse_choice, parse_list, parse_options, parse_size
 from twophase.sink import (Committable, CommitResult, CommitStatus, Guarantee, SinkCommitter, SinkSpec,
                            TransactionContext)
@@ -83,13 +84,7 @@ class FileSinkOptions:
         opts = cls(path=path, format=o["format"], partition_by=o["partitionBy"], max_file_size=o["maxFileSize"],
                    compression=o["compression"], sink_id=o["sink.id"], guarantee=Guarantee.parse(o["guarantee"]),
                    log_location=o["log.location"], log_retain=o["log.retain"], owner=o["checkpointlocation"])
-        if schema is not None:
-            missing = [c for c in opts.partition_by if c not in schema.names]
-            if missing:
-                raise ConfigurationError(f"twophase-file: option 'partitionBy' names {missing}, which are not columns "
-                                         f"of the stream ({', '.join(schema.names)})")
-            if opts.partition_by and len(opts.partition_by) == len(schema.names):
-                raise ConfigurationError("twophase-file: option 'partitionBy' names every column; keep at least one data column")
+        check_partition_columns("twophase-file", opts.partition_by, schema)
         return opts
 
 
@@ -206,7 +201,7 @@ class FileWriter(FileLikeWriter[FileCommittable]):
             for f in self.finished:
                 os.replace(os.path.join(root, f["staged"]), os.path.join(root, f["final"]))
         for d in dirs:
-            _fsync_dir(d)
+            fsync_dir(d)
 
     def committable(self) -> FileCommittable:
         c = self.context
@@ -264,7 +259,7 @@ class FileCommitter(SinkCommitter[FileCommittable]):
                 continue  # committed before; staged copy already removed
             final_dirs.add(os.path.dirname(final))
         for d in final_dirs:
-            _fsync_dir(d)
+            fsync_dir(d)
         for f in committable.files:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(self.root, f["staged"]))

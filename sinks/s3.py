@@ -36,46 +36,29 @@ Invariants (``test_s3_sink_invN_*``):
 
 from __future__ import annotations
 
-import binascii
-import contextlib
-import hashlib
-import io
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Collection, Mapping, Optional, TypedDict
+from typing import Any, ClassVar, Mapping, Optional, TypedDict
 
 import pyarrow as pa
 
-from twophase.sinks._naming import internal_rel, own_part_checkpoint, part_file_name
-from twophase.sinks._filelike import FileLikeWriter
+from twophase.sinks._naming import internal_rel, part_file_name
+from twophase.sinks._s3 import (MIN_PART_SIZE, MultipartStream, abort_lingering_uploads, abort_upload,  # noqa: F401
+                                check_bucket, complete_upload, multipart_etag)
+from twophase.sinks._filelike import FileLikeWriter, check_partition_columns
 from twophase.sinks._formats import EXTENSIONS, FORMATS, FormatWriter, open_format_writer
 from twophase._logging import get_logger
 from twophase._redact import safe_repr
-from twophase.errors import CommitFailedError, ConfigurationError, DataLossError, TransientSinkError
+from twophase.errors import ConfigurationError, DataLossError
 from twophase.log import TransactionLog
-from twophase.log_s3 import S3Config, error_code, http_status, open_log_store, parse_s3_url
-from twophase.options import Option, parse_choice, parse_duration_ms, parse_list, parse_options, parse_size
+from twophase.log_s3 import S3_CLIENT_OPTIONS, S3Config, open_log_store, parse_s3_url, s3_config_from
+from twophase.options import Option, parse_choice, parse_list, parse_options, parse_size
 from twophase.sink import (Committable, CommitResult, CommitStatus, Guarantee, SinkCommitter, SinkSpec,
                            TransactionContext)
 
 _log = get_logger(__name__)
 
-MIN_PART_SIZE = 5 << 20
 #: part-<checkpoint>-<task>-<attempt uid>-<seq>.<ext>: the names this project gives its objects
 
-
-S3_CLIENT_OPTIONS: tuple[Option[Any], ...] = (
-    Option("s3.endpoint", str, help="S3 endpoint URL (default: boto3's, e.g. AWS_ENDPOINT_URL)"),
-    Option("s3.region", str, help="S3 region (default: boto3's, e.g. AWS_DEFAULT_REGION)"),
-    Option("s3.accessKeyId", str, help="access key id (default: boto3's credential chain)"),
-    Option("s3.secretAccessKey", str, help="secret access key (with s3.accessKeyId)"),
-    Option("s3.sessionToken", str, help="session token for temporary credentials"),
-    Option("s3.connectTimeout", parse_duration_ms,
-           help="how long to wait for a connection to S3 (e.g. '5s'; default: boto3's 60 s)"),
-    Option("s3.readTimeout", parse_duration_ms,
-           help="how long to wait for S3 to answer a request (e.g. '30s'; default: boto3's 60 s); a "
-                "server that pauses longer fails the request, which boto3 retries (5 attempts)"),
-)
 
 S3_OPTIONS: tuple[Option[Any], ...] = (
     Option("path", str, required=True, help="where objects go: s3://bucket/prefix"),
@@ -86,13 +69,6 @@ S3_OPTIONS: tuple[Option[Any], ...] = (
     Option("compression", parse_choice("snappy", "zstd", "gzip", "none"), "snappy", help="Parquet compression"),
     *S3_CLIENT_OPTIONS,
 )
-
-
-def s3_config_from(o: Mapping[str, Any]) -> S3Config:
-    """The :class:`S3Config` of parsed ``s3.*`` options."""
-    return S3Config(o.get("s3.endpoint"), o.get("s3.region"), o.get("s3.accessKeyId"), o.get("s3.secretAccessKey"),
-                    o.get("s3.sessionToken"), connect_timeout_ms=o.get("s3.connectTimeout"),
-                    read_timeout_ms=o.get("s3.readTimeout"))
 
 
 @safe_repr
@@ -134,165 +110,6 @@ class S3SinkOptions:
                    log_location=o["log.location"], log_retain=o["log.retain"], owner=o["checkpointlocation"])
         check_partition_columns("twophase-s3", opts.partition_by, schema)
         return opts
-
-
-def check_partition_columns(sink: str, columns: tuple[str, ...], schema: Any) -> None:
-    """Partition columns must be columns of the stream, and not all of them."""
-    if schema is None or not columns:
-        return
-    missing = [c for c in columns if c not in schema.names]
-    if missing:
-        raise ConfigurationError(f"{sink}: option 'partitionBy' names {missing}, which are not columns of the "
-                                 f"stream ({', '.join(schema.names)})")
-    if len(columns) == len(schema.names):
-        raise ConfigurationError(f"{sink}: option 'partitionBy' names every column; keep at least one data column")
-
-
-def check_bucket(client: Any, bucket: str, *, sink: str, url: str) -> None:
-    """Fail on the driver, before any data moves, if the bucket is missing or the credentials are refused."""
-    try:
-        client.head_bucket(Bucket=bucket)
-        return
-    except Exception as e:
-        status, code = http_status(e), error_code(e)
-        name = type(e).__name__
-        if status == 404 or code in ("NoSuchBucket", "404"):
-            raise ConfigurationError(f"{sink}: bucket {bucket!r} of option 'path'={url!r} does not exist; "
-                                     "create it first or fix the path") from e
-        if status in (401, 403) or code in ("403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
-            raise ConfigurationError(f"{sink}: S3 refused the credentials for bucket {bucket!r} ({code or status}); "
-                                     "check options 's3.accessKeyId'/'s3.secretAccessKey' or AWS_ACCESS_KEY_ID/"
-                                     "AWS_SECRET_ACCESS_KEY/AWS_PROFILE") from e
-        if name in ("NoCredentialsError", "PartialCredentialsError"):
-            raise ConfigurationError(f"{sink}: no S3 credentials found; set options 's3.accessKeyId' and "
-                                     "'s3.secretAccessKey' or boto3's environment (AWS_ACCESS_KEY_ID...)") from e
-        if name in ("EndpointConnectionError", "ConnectTimeoutError", "ConnectionClosedError"):
-            raise ConfigurationError(f"{sink}: cannot reach the S3 endpoint ({e}); check option 's3.endpoint' "
-                                     "or AWS_ENDPOINT_URL") from e
-        raise TransientSinkError(f"{sink}: cannot check bucket {bucket!r}: {e}") from e
-
-
-def multipart_etag(parts: list[Mapping[str, Any]]) -> str:
-    """The ETag S3 gives the object of a completed multipart upload: MD5(part MD5s) ``-N``."""
-    md5 = hashlib.md5()
-    for p in parts:
-        md5.update(binascii.unhexlify(str(p["ETag"]).strip('"')))
-    return f"{md5.hexdigest()}-{len(parts)}"
-
-
-class MultipartStream(io.RawIOBase):
-    """A write-only binary stream that becomes one multipart upload.
-
-    Bytes are buffered and uploaded as a part whenever ``part_size`` is reached (at most two parts
-    in flight on ``pool``); :meth:`finish` uploads the rest as the last part and returns the parts.
-    Nothing is visible until someone completes the upload with those parts.
-    """
-
-    def __init__(self, client: Any, bucket: str, key: str, part_size: int, pool: ThreadPoolExecutor) -> None:
-        super().__init__()
-        self.client, self.bucket, self.key, self.part_size, self.pool = client, bucket, key, part_size, pool
-        self.upload_id: str = client.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
-        self._buf = bytearray()
-        self._pos = 0
-        self._futures: list[Future] = []
-        self._parts: list[dict[str, Any]] = []
-
-    def writable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def write(self, b: Any) -> int:
-        data = memoryview(b).cast("B")
-        self._buf += data
-        self._pos += len(data)
-        while len(self._buf) >= self.part_size:
-            chunk = bytes(self._buf[:self.part_size])
-            del self._buf[:self.part_size]
-            self._submit(chunk)
-        return len(data)
-
-    def _submit(self, chunk: bytes) -> None:
-        number = len(self._futures) + 1
-        self._futures.append(self.pool.submit(self._upload, number, chunk))
-        pending = [f for f in self._futures if not f.done()]
-        if len(pending) > 2:  # bound memory: wait for the oldest part in flight
-            pending[0].result()
-
-    def _upload(self, number: int, chunk: bytes) -> dict[str, Any]:
-        r = self.client.upload_part(Bucket=self.bucket, Key=self.key, UploadId=self.upload_id, PartNumber=number,
-                                    Body=chunk)
-        return {"PartNumber": number, "ETag": r["ETag"]}
-
-    def finish(self) -> list[dict[str, Any]]:
-        """Upload what is buffered as the last part; wait for every part; return them in order."""
-        if self._buf or not self._futures:
-            self._submit(bytes(self._buf))
-            self._buf = bytearray()
-        self._parts = [f.result() for f in self._futures]
-        return self._parts
-
-    def abort(self) -> None:
-        for f in self._futures:
-            with contextlib.suppress(Exception):
-                f.result()
-        abort_upload(self.client, self.bucket, self.key, self.upload_id)
-
-
-def complete_upload(client: Any, u: Mapping[str, Any]) -> str:
-    """Complete upload ``u`` (invariants 1, 2); returns 'completed' or 'already'. Raises DataLossError."""
-    parts = [{"PartNumber": int(p["PartNumber"]), "ETag": p["ETag"]} for p in u["parts"]]
-    try:
-        client.complete_multipart_upload(Bucket=u["bucket"], Key=u["key"], UploadId=u["upload_id"],
-                                         MultipartUpload={"Parts": parts})
-        return "completed"
-    except Exception as e:
-        failure = e
-    # the upload is unknown (completed before, or lost) or the call failed: look at the object
-    try:
-        head = client.head_object(Bucket=u["bucket"], Key=u["key"])
-        if str(head.get("ETag", "")).strip('"') == u["etag"]:
-            return "already"
-        found = f"an object with ETag {head.get('ETag')}, not {u['etag']}"
-    except Exception as e:
-        if error_code(e) not in ("404", "NoSuchKey", "NotFound"):
-            raise CommitFailedError(f"twophase-s3: cannot complete s3://{u['bucket']}/{u['key']}: {failure}") from failure
-        found = "no object"
-    try:
-        client.list_parts(Bucket=u["bucket"], Key=u["key"], UploadId=u["upload_id"], MaxParts=1)
-    except Exception as e:
-        if error_code(e) in ("NoSuchUpload", "NoSuchKey", "404"):  # radosgw answers NoSuchKey
-            raise DataLossError(f"twophase-s3: upload {u['upload_id']} of s3://{u['bucket']}/{u['key']} is gone "
-                                f"(aborted or expired) and {found} is there: the data of this checkpoint is lost") from failure
-    raise CommitFailedError(f"twophase-s3: cannot complete s3://{u['bucket']}/{u['key']}: {failure}") from failure
-
-
-def abort_upload(client: Any, bucket: str, key: str, upload_id: str) -> bool:
-    """Abort one upload (invariant 3); True if it was there. Never deletes an object."""
-    try:
-        client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
-        return True
-    except Exception as e:
-        if error_code(e) in ("NoSuchUpload", "404"):
-            return False
-        raise TransientSinkError(f"cannot abort upload {upload_id} of s3://{bucket}/{key}: {e}") from e
-
-
-def abort_lingering_uploads(client: Any, bucket: str, prefix: str, sink_id: str, up_to_checkpoint: int,
-                            keep_upload_ids: Collection[str]) -> int:
-    """Abort uploads under ``prefix`` that THIS sink named (its token) for checkpoints ``<= up_to``
-    (invariant 4): never another sink's, another tool's or another query's upload."""
-    aborted = 0
-    pfx = f"{prefix}/" if prefix else ""
-    for page in client.get_paginator("list_multipart_uploads").paginate(Bucket=bucket, Prefix=pfx):
-        for up in page.get("Uploads", ()):
-            cid = own_part_checkpoint(up["Key"].rsplit("/", 1)[-1], sink_id)
-            if cid is None or cid > up_to_checkpoint or up["UploadId"] in keep_upload_ids:
-                continue
-            if abort_upload(client, bucket, up["Key"], up["UploadId"]):
-                aborted += 1
-    return aborted
 
 
 def object_name(context: TransactionContext, seq: int, ext: str) -> str:

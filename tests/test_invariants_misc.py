@@ -159,12 +159,12 @@ def test_file_sink_inv5_every_directory_the_sink_creates_has_its_parent_fsynced(
     """Fails if a staging or Hive partition directory is created without fsyncing its parent (a
     committed file's directory entry could vanish with a power loss)."""
     import twophase.sinks.files as files
-    import twophase.log as logmod
+    import twophase.log_store as logmod
     synced = []
-    real = logmod._fsync_dir
+    real = logmod.fsync_dir
     spy = lambda d: (synced.append(os.path.abspath(d)), real(d))[1]  # noqa: E731
-    monkeypatch.setattr(logmod, "_fsync_dir", spy)
-    monkeypatch.setattr(files, "_fsync_dir", spy)
+    monkeypatch.setattr(logmod, "fsync_dir", spy)
+    monkeypatch.setattr(files, "fsync_dir", spy)
     out = tmp_path / "out"
     s = FileSink.from_options({"path": str(out), "partitionBy": "p"})
     s.validate_destination()

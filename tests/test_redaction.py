@@ -16,6 +16,7 @@ from typing import Any, Iterable
 import pyarrow as pa
 import pytest
 
+from twophase.sinks.delta import delta_storage_options
 from twophase.sinks.delta import DeltaSink
 from twophase.sinks.kafka import KafkaSink, KafkaSinkOptions, KafkaTransaction
 from twophase.sinks.s3 import S3Sink, S3SinkOptions
@@ -139,7 +140,7 @@ def test_s3_config_repr_hides_secret_key_and_session_token_but_pickles_them() ->
     assert "AKIDEXAMPLE" in repr(cfg) and "secret_access_key=***" in repr(cfg)
     clone = pickle.loads(pickle.dumps(cfg))  # executors need the credentials
     assert clone.secret_access_key == S3_SECRET and clone.session_token == S3_TOKEN
-    assert cfg.delta_storage_options()["AWS_SECRET_ACCESS_KEY"] == S3_SECRET
+    assert delta_storage_options(cfg)["AWS_SECRET_ACCESS_KEY"] == S3_SECRET
 
 
 def test_s3_sink_options_and_sink_reprs_hide_s3_secrets() -> None:

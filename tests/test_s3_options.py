@@ -8,8 +8,10 @@ import pickle
 import pyarrow as pa
 import pytest
 
+from twophase.sinks.delta import delta_storage_options
 from twophase.sinks._naming import own_part_checkpoint
-from twophase.sinks.s3 import S3Sink, S3SinkOptions, multipart_etag, object_name
+from twophase.sinks._s3 import multipart_etag
+from twophase.sinks.s3 import S3Sink, S3SinkOptions, object_name
 from twophase.errors import ConfigurationError
 from twophase.log import open_store
 from twophase.log_s3 import S3Config, S3LogStore, parse_s3_url
@@ -103,7 +105,7 @@ def test_s3_options_client_timeouts_reach_boto3_and_delta() -> None:
     assert (o.s3.connect_timeout_ms, o.s3.read_timeout_ms) == (2000, 4000)
     cfg = o.s3.client().meta.config
     assert (cfg.connect_timeout, cfg.read_timeout) == (2.0, 4.0)
-    storage = o.s3.delta_storage_options()
+    storage = delta_storage_options(o.s3)
     assert (storage["connect_timeout"], storage["timeout"]) == ("2000ms", "4000ms")
     with pytest.raises(ConfigurationError, match="s3.readTimeout"):
         S3SinkOptions.from_options({"path": "s3://b/p", "s3.readTimeout": "soon"})

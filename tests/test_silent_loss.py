@@ -206,12 +206,12 @@ def test_log_inv7_concurrent_creators_of_one_record_one_wins(tmp_path) -> None:
 
 def test_log_inv8_new_directories_are_fsynced(tmp_path, monkeypatch) -> None:
     """Every directory twophase creates has its parent fsynced, so a committed entry survives power loss."""
-    import twophase.log as logmod
+    import twophase.log_store as logmod
     synced: list[str] = []
-    real = logmod._fsync_dir
-    monkeypatch.setattr(logmod, "_fsync_dir", lambda d: (synced.append(os.path.abspath(d)), real(d))[1])
+    real = logmod.fsync_dir
+    monkeypatch.setattr(logmod, "fsync_dir", lambda d: (synced.append(os.path.abspath(d)), real(d))[1])
     import twophase.sinks.files as files
-    monkeypatch.setattr(files, "_fsync_dir", logmod._fsync_dir)
+    monkeypatch.setattr(files, "fsync_dir", logmod.fsync_dir)
     out = tmp_path / "out"
     s = FileSink.from_options({"path": str(out), "partitionBy": "v"})
     s.validate_destination()

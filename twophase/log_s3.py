@@ -27,12 +27,13 @@ import hashlib
 import os
 import tempfile
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Mapping, Optional
 
 from twophase._logging import get_logger
 from twophase._redact import safe_repr
 from twophase.errors import ConfigurationError, MissingDependencyError, TransientSinkError
-from twophase.log import LogStore, ReentrantFileLock, open_store, register_store
+from twophase.options import Option, parse_duration_ms
+from twophase.log_store import LogStore, ReentrantFileLock, open_store, register_store
 
 _log = get_logger(__name__)
 
@@ -99,28 +100,25 @@ class S3Config:
     def resolved_endpoint(self) -> Optional[str]:
         return self.endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
 
-    def delta_storage_options(self) -> dict[str, str]:
-        """The same settings as deltalake (object_store) storage options."""
-        out: dict[str, str] = {}
-        endpoint = self.resolved_endpoint()
-        if endpoint:
-            out["AWS_ENDPOINT_URL"] = endpoint
-            if endpoint.startswith("http://"):
-                out["AWS_ALLOW_HTTP"] = "true"
-        region = self.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-        out["AWS_REGION"] = region or "us-east-1"
-        if self.access_key_id:
-            out["AWS_ACCESS_KEY_ID"] = self.access_key_id
-            out["AWS_SECRET_ACCESS_KEY"] = self.secret_access_key or ""
-            if self.session_token:
-                out["AWS_SESSION_TOKEN"] = self.session_token
-        if self.connect_timeout_ms:
-            out["connect_timeout"] = f"{self.connect_timeout_ms}ms"
-        if self.read_timeout_ms:
-            out["timeout"] = f"{self.read_timeout_ms}ms"
-        # commits to _delta_log use S3's conditional put (If-None-Match), no locking service needed
-        out["conditional_put"] = "etag"
-        return out
+
+S3_CLIENT_OPTIONS: tuple[Option[Any], ...] = (
+    Option("s3.endpoint", str, help="S3 endpoint URL (default: boto3's, e.g. AWS_ENDPOINT_URL)"),
+    Option("s3.region", str, help="S3 region (default: boto3's, e.g. AWS_DEFAULT_REGION)"),
+    Option("s3.accessKeyId", str, help="access key id (default: boto3's credential chain)"),
+    Option("s3.secretAccessKey", str, help="secret access key (with s3.accessKeyId)"),
+    Option("s3.sessionToken", str, help="session token for temporary credentials"),
+    Option("s3.connectTimeout", parse_duration_ms,
+           help="how long to wait for a connection to S3 (e.g. '5s'; default: boto3's 60 s)"),
+    Option("s3.readTimeout", parse_duration_ms,
+           help="how long to wait for S3 to answer a request (e.g. '30s'; default: boto3's 60 s); a "
+                "server that pauses longer fails the request, which boto3 retries (5 attempts)"),
+)
+
+def s3_config_from(o: Mapping[str, Any]) -> S3Config:
+    """The :class:`S3Config` of parsed ``s3.*`` options."""
+    return S3Config(o.get("s3.endpoint"), o.get("s3.region"), o.get("s3.accessKeyId"), o.get("s3.secretAccessKey"),
+                    o.get("s3.sessionToken"), connect_timeout_ms=o.get("s3.connectTimeout"),
+                    read_timeout_ms=o.get("s3.readTimeout"))
 
 
 def error_code(e: BaseException) -> str:

@@ -11,7 +11,8 @@ import pytest
 from _support import S3Server
 from twophase.testing import abort, abort_lingering, commit
 from twophase.sinks._naming import own_part_checkpoint
-from twophase.sinks.s3 import S3Sink, complete_upload
+from twophase.sinks._s3 import complete_upload
+from twophase.sinks.s3 import S3Sink
 from twophase.coordinator import CheckpointCoordinator
 from twophase.errors import ConcurrentWriterError, DataLossError
 from twophase.log import TransactionLog

@@ -25,7 +25,8 @@ from typing import Any, Mapping, Optional
 
 from twophase._logging import get_logger
 from twophase.errors import ConfigurationError
-from twophase.log import _fsync_dir, decode_record, encode_record, makedirs_durable
+from twophase.log import decode_record, encode_record
+from twophase.log_store import fsync_dir, makedirs_durable
 from twophase.runtime.graph import JobGraph, split_task_id
 
 _log = get_logger(__name__)
@@ -50,7 +51,7 @@ class Savepoint:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-        _fsync_dir(os.path.dirname(path))  # the rename itself survives a power loss
+        fsync_dir(os.path.dirname(path))  # the rename itself survives a power loss
         return path
 
     @classmethod

@@ -1,0 +1,172 @@
+"""Multipart uploads, shared by the S3 sink and the Delta sink on S3: one place for how twophase
+writes, completes, aborts and sweeps S3 objects.
+
+Invariants (the S3 sink's, :mod:`twophase.sinks.s3`; ``test_s3_sink_invN_*``):
+
+- an upload is invisible until :func:`complete_upload`; completing it again, or finding an object
+  with its multipart ETag, is "already" committed; gone without that object is data loss;
+- :func:`abort_upload` never deletes an object;
+- :func:`abort_lingering_uploads` touches only uploads whose name carries the sink's token.
+"""
+
+from __future__ import annotations
+
+import binascii
+import contextlib
+import hashlib
+import io
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Collection, Mapping
+
+from twophase.errors import CommitFailedError, ConfigurationError, DataLossError, TransientSinkError
+from twophase.log_s3 import error_code, http_status
+from twophase.sinks._naming import own_part_checkpoint
+
+MIN_PART_SIZE = 5 << 20
+
+
+def check_bucket(client: Any, bucket: str, *, sink: str, url: str) -> None:
+    """Fail on the driver, before any data moves, if the bucket is missing or the credentials are refused."""
+    try:
+        client.head_bucket(Bucket=bucket)
+        return
+    except Exception as e:
+        status, code = http_status(e), error_code(e)
+        name = type(e).__name__
+        if status == 404 or code in ("NoSuchBucket", "404"):
+            raise ConfigurationError(f"{sink}: bucket {bucket!r} of option 'path'={url!r} does not exist; "
+                                     "create it first or fix the path") from e
+        if status in (401, 403) or code in ("403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+            raise ConfigurationError(f"{sink}: S3 refused the credentials for bucket {bucket!r} ({code or status}); "
+                                     "check options 's3.accessKeyId'/'s3.secretAccessKey' or AWS_ACCESS_KEY_ID/"
+                                     "AWS_SECRET_ACCESS_KEY/AWS_PROFILE") from e
+        if name in ("NoCredentialsError", "PartialCredentialsError"):
+            raise ConfigurationError(f"{sink}: no S3 credentials found; set options 's3.accessKeyId' and "
+                                     "'s3.secretAccessKey' or boto3's environment (AWS_ACCESS_KEY_ID...)") from e
+        if name in ("EndpointConnectionError", "ConnectTimeoutError", "ConnectionClosedError"):
+            raise ConfigurationError(f"{sink}: cannot reach the S3 endpoint ({e}); check option 's3.endpoint' "
+                                     "or AWS_ENDPOINT_URL") from e
+        raise TransientSinkError(f"{sink}: cannot check bucket {bucket!r}: {e}") from e
+
+
+def multipart_etag(parts: list[Mapping[str, Any]]) -> str:
+    """The ETag S3 gives the object of a completed multipart upload: MD5(part MD5s) ``-N``."""
+    md5 = hashlib.md5()
+    for p in parts:
+        md5.update(binascii.unhexlify(str(p["ETag"]).strip('"')))
+    return f"{md5.hexdigest()}-{len(parts)}"
+
+
+class MultipartStream(io.RawIOBase):
+    """A write-only binary stream that becomes one multipart upload.
+
+    Bytes are buffered and uploaded as a part whenever ``part_size`` is reached (at most two parts
+    in flight on ``pool``); :meth:`finish` uploads the rest as the last part and returns the parts.
+    Nothing is visible until someone completes the upload with those parts.
+    """
+
+    def __init__(self, client: Any, bucket: str, key: str, part_size: int, pool: ThreadPoolExecutor) -> None:
+        super().__init__()
+        self.client, self.bucket, self.key, self.part_size, self.pool = client, bucket, key, part_size, pool
+        self.upload_id: str = client.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+        self._buf = bytearray()
+        self._pos = 0
+        self._futures: list[Future] = []
+        self._parts: list[dict[str, Any]] = []
+
+    def writable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def write(self, b: Any) -> int:
+        data = memoryview(b).cast("B")
+        self._buf += data
+        self._pos += len(data)
+        while len(self._buf) >= self.part_size:
+            chunk = bytes(self._buf[:self.part_size])
+            del self._buf[:self.part_size]
+            self._submit(chunk)
+        return len(data)
+
+    def _submit(self, chunk: bytes) -> None:
+        number = len(self._futures) + 1
+        self._futures.append(self.pool.submit(self._upload, number, chunk))
+        pending = [f for f in self._futures if not f.done()]
+        if len(pending) > 2:  # bound memory: wait for the oldest part in flight
+            pending[0].result()
+
+    def _upload(self, number: int, chunk: bytes) -> dict[str, Any]:
+        r = self.client.upload_part(Bucket=self.bucket, Key=self.key, UploadId=self.upload_id, PartNumber=number,
+                                    Body=chunk)
+        return {"PartNumber": number, "ETag": r["ETag"]}
+
+    def finish(self) -> list[dict[str, Any]]:
+        """Upload what is buffered as the last part; wait for every part; return them in order."""
+        if self._buf or not self._futures:
+            self._submit(bytes(self._buf))
+            self._buf = bytearray()
+        self._parts = [f.result() for f in self._futures]
+        return self._parts
+
+    def abort(self) -> None:
+        for f in self._futures:
+            with contextlib.suppress(Exception):
+                f.result()
+        abort_upload(self.client, self.bucket, self.key, self.upload_id)
+
+
+def complete_upload(client: Any, u: Mapping[str, Any]) -> str:
+    """Complete upload ``u`` (invariants 1, 2); returns 'completed' or 'already'. Raises DataLossError."""
+    parts = [{"PartNumber": int(p["PartNumber"]), "ETag": p["ETag"]} for p in u["parts"]]
+    try:
+        client.complete_multipart_upload(Bucket=u["bucket"], Key=u["key"], UploadId=u["upload_id"],
+                                         MultipartUpload={"Parts": parts})
+        return "completed"
+    except Exception as e:
+        failure = e
+    # the upload is unknown (completed before, or lost) or the call failed: look at the object
+    try:
+        head = client.head_object(Bucket=u["bucket"], Key=u["key"])
+        if str(head.get("ETag", "")).strip('"') == u["etag"]:
+            return "already"
+        found = f"an object with ETag {head.get('ETag')}, not {u['etag']}"
+    except Exception as e:
+        if error_code(e) not in ("404", "NoSuchKey", "NotFound"):
+            raise CommitFailedError(f"twophase-s3: cannot complete s3://{u['bucket']}/{u['key']}: {failure}") from failure
+        found = "no object"
+    try:
+        client.list_parts(Bucket=u["bucket"], Key=u["key"], UploadId=u["upload_id"], MaxParts=1)
+    except Exception as e:
+        if error_code(e) in ("NoSuchUpload", "NoSuchKey", "404"):  # radosgw answers NoSuchKey
+            raise DataLossError(f"twophase-s3: upload {u['upload_id']} of s3://{u['bucket']}/{u['key']} is gone "
+                                f"(aborted or expired) and {found} is there: the data of this checkpoint is lost") from failure
+    raise CommitFailedError(f"twophase-s3: cannot complete s3://{u['bucket']}/{u['key']}: {failure}") from failure
+
+
+def abort_upload(client: Any, bucket: str, key: str, upload_id: str) -> bool:
+    """Abort one upload (invariant 3); True if it was there. Never deletes an object."""
+    try:
+        client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
+        return True
+    except Exception as e:
+        if error_code(e) in ("NoSuchUpload", "404"):
+            return False
+        raise TransientSinkError(f"cannot abort upload {upload_id} of s3://{bucket}/{key}: {e}") from e
+
+
+def abort_lingering_uploads(client: Any, bucket: str, prefix: str, sink_id: str, up_to_checkpoint: int,
+                            keep_upload_ids: Collection[str]) -> int:
+    """Abort uploads under ``prefix`` that THIS sink named (its token) for checkpoints ``<= up_to``
+    (invariant 4): never another sink's, another tool's or another query's upload."""
+    aborted = 0
+    pfx = f"{prefix}/" if prefix else ""
+    for page in client.get_paginator("list_multipart_uploads").paginate(Bucket=bucket, Prefix=pfx):
+        for up in page.get("Uploads", ()):
+            cid = own_part_checkpoint(up["Key"].rsplit("/", 1)[-1], sink_id)
+            if cid is None or cid > up_to_checkpoint or up["UploadId"] in keep_upload_ids:
+                continue
+            if abort_upload(client, bucket, up["Key"], up["UploadId"]):
+                aborted += 1
+    return aborted

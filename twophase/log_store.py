@@ -1,0 +1,310 @@
+"""Where transaction logs live: the :class:`LogStore` interface, the local store, and the registry of stores.
+
+A store keeps small named objects (``owner.json``, ``checkpoints/<id>.json``) with put-if-absent and
+compare-and-swap (:meth:`LogStore.put_if_version`); :mod:`twophase.log` builds the transaction log on
+it. The local store is here; the S3 store (:mod:`twophase.log_s3`) registers itself for ``s3://`` and
+``s3a://`` when a location first needs it. This module imports neither :mod:`twophase.log` nor any
+store: the log depends on the stores, never the other way round.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import errno
+import fcntl
+import hashlib
+import importlib
+import os
+import threading
+import time
+import uuid
+from typing import Any, Iterator, Optional
+
+from twophase._logging import get_logger
+from twophase.errors import ConfigurationError, TransientSinkError
+
+_log = get_logger(__name__)
+
+
+# --------------------------------------------------------------------------- stores
+
+
+class ReentrantFileLock:
+    """An exclusive ``flock`` on ``path`` that serialises processes on this machine and is re-entrant
+    within a thread (the coordinator nests decisions). Not shared across processes by pickling."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._thread_lock = threading.RLock()
+        self._depth = 0
+        self._fd = -1
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        with self._thread_lock:
+            if self._depth == 0:
+                os.makedirs(os.path.dirname(self.path), exist_ok=True)
+                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+                fcntl.flock(self._fd, fcntl.LOCK_EX)
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+                if self._depth == 0:
+                    fcntl.flock(self._fd, fcntl.LOCK_UN)
+                    os.close(self._fd)
+                    self._fd = -1
+
+
+class LogStore(abc.ABC):
+    """Where log objects live. Names are relative, ``/``-separated. Implementations must make
+    :meth:`put` atomic (readers see the old or the new bytes) and :meth:`put_if_absent` exclusive."""
+
+    @property
+    @abc.abstractmethod
+    def location(self) -> str:
+        """Human-readable location (path or URL) for messages."""
+
+    @abc.abstractmethod
+    def get(self, name: str) -> Optional[bytes]:
+        """The bytes stored under ``name``, or None."""
+
+    @abc.abstractmethod
+    def put(self, name: str, data: bytes) -> None:
+        """Store ``data`` under ``name`` atomically, replacing what was there; durable on return."""
+
+    @abc.abstractmethod
+    def put_if_absent(self, name: str, data: bytes) -> bool:
+        """Store ``data`` under ``name`` only if nothing is there; True if this call created it."""
+
+    @abc.abstractmethod
+    def get_versioned(self, name: str) -> tuple[Optional[bytes], Optional[str]]:
+        """The bytes under ``name`` and an opaque version of them (None, None if absent)."""
+
+    @abc.abstractmethod
+    def put_if_version(self, name: str, data: bytes, version: Optional[str]) -> Optional[str]:
+        """Compare-and-swap: store ``data`` only if ``name`` is still at ``version`` (None: still absent).
+
+        Returns the new version if this call wrote, None if another writer changed ``name`` since
+        ``version`` was read (nothing written).
+        """
+
+    @abc.abstractmethod
+    def list(self, prefix: str) -> list[str]:
+        """Names under ``prefix`` (a folder name ending in ``/``), sorted."""
+
+    @abc.abstractmethod
+    def delete(self, name: str) -> None:
+        """Remove ``name``; no error if absent."""
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """Serialise mutations from processes on this machine; a no-op where the store cannot."""
+        yield
+
+
+class LocalLogStore(LogStore):
+    """A log store on a local or POSIX-shared directory."""
+
+    def __init__(self, root: str) -> None:
+        self.root = os.path.abspath(os.path.expanduser(root))
+        self._lock = ReentrantFileLock(os.path.join(self.root, ".lock"))
+        try:
+            makedirs_durable(os.path.join(self.root, "checkpoints"))
+        except OSError as e:
+            raise ConfigurationError(
+                f"cannot create the transaction log at {self.root!r}: {e.strerror}; "
+                "give a writable path (option 'path' or 'log.location')") from e
+        if not os.access(self.root, os.W_OK):
+            raise ConfigurationError(
+                f"the transaction log at {self.root!r} is not writable; "
+                "give a writable path (option 'path' or 'log.location')")
+
+    @property
+    def location(self) -> str:
+        return self.root
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"root": self.root}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["root"])
+
+    def _path(self, name: str) -> str:
+        return os.path.join(self.root, *name.split("/"))
+
+    def get(self, name: str) -> Optional[bytes]:
+        try:
+            with open(self._path(name), "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+
+    @staticmethod
+    def _write_temp(path: str, data: bytes) -> str:
+        """``data`` written whole and fsynced to a fresh temporary name beside ``path``; returns that name."""
+        tmp = os.path.join(os.path.dirname(path), f".tmp-{uuid.uuid4().hex}-{os.path.basename(path)}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            write_all(fd, data)
+            os.fsync(fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        finally:
+            os.close(fd)
+        return tmp
+
+    def put(self, name: str, data: bytes) -> None:
+        path = self._path(name)
+        directory = os.path.dirname(path)
+        tmp = None
+        try:
+            tmp = self._write_temp(path, data)
+            os.replace(tmp, path)
+            fsync_dir(directory)
+        except OSError as e:
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+            raise TransientSinkError(f"cannot write log record {path!r}: {e}") from e
+
+    def get_versioned(self, name: str) -> tuple[Optional[bytes], Optional[str]]:
+        data = self.get(name)
+        return data, (None if data is None else hashlib.sha256(data).hexdigest())
+
+    def put_if_version(self, name: str, data: bytes, version: Optional[str]) -> Optional[str]:
+        """Under the flock (which serialises every writer of this directory on this host, and on POSIX
+        shared filesystems with working flock), compare the current bytes' hash, then replace."""
+        with self._lock.hold():
+            if version is None:  # a new record: the exclusive link, atomic even where flock is not
+                return hashlib.sha256(data).hexdigest() if self.put_if_absent(name, data) else None
+            _, current = self.get_versioned(name)
+            if current != version:
+                return None
+            self.put(name, data)
+            return hashlib.sha256(data).hexdigest()
+
+    def put_if_absent(self, name: str, data: bytes) -> bool:
+        path = self._path(name)
+        directory = os.path.dirname(path)
+        try:
+            tmp = self._write_temp(path, data)
+            try:
+                os.link(tmp, path)  # atomic and exclusive: fails if path exists
+                created = True
+            except FileExistsError:
+                created = False
+            finally:
+                os.unlink(tmp)
+            fsync_dir(directory)
+        except OSError as e:
+            raise TransientSinkError(f"cannot write log record {path!r}: {e}") from e
+        return created
+
+    def list(self, prefix: str) -> list[str]:
+        directory = self._path(prefix.rstrip("/"))
+        try:
+            names = os.listdir(directory)
+        except FileNotFoundError:
+            return []
+        base = prefix if prefix.endswith("/") else prefix + "/"
+        return sorted(base + n for n in names if not n.startswith(".tmp-"))
+
+    def delete(self, name: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._path(name))
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """An exclusive flock on ``.lock``; re-entrant within a thread (the coordinator nests it)."""
+        with self._lock.hold():
+            yield
+
+    def clean_temporaries(self, older_than_s: float = 60.0) -> int:
+        """Remove temp files left by a writer that died mid-write (they never count as records)."""
+        removed = 0
+        now = time.time()
+        for folder in (self.root, os.path.join(self.root, "checkpoints")):
+            for n in os.listdir(folder):
+                p = os.path.join(folder, n)
+                if n.startswith(".tmp-") and now - os.path.getmtime(p) > older_than_s:
+                    with contextlib.suppress(OSError):
+                        os.unlink(p)
+                        removed += 1
+        return removed
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """``os.write`` until every byte is written (a short write is continued, never ignored)."""
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        if n <= 0:
+            raise OSError(errno.EIO, "write returned 0 bytes")
+        view = view[n:]
+
+
+def makedirs_durable(path: str) -> None:
+    """``os.makedirs(path, exist_ok=True)``, fsyncing the parent of every directory it creates, so
+    that the new entries survive a power loss (a file fsynced inside an unsynced new directory can
+    vanish with its directory)."""
+    path = os.path.abspath(path)
+    missing = []
+    while not os.path.isdir(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    for d in reversed(missing):
+        try:
+            os.mkdir(d)
+        except FileExistsError:
+            if not os.path.isdir(d):
+                raise
+            continue
+        fsync_dir(os.path.dirname(d))
+
+
+def fsync_dir(directory: str) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError as e:  # some filesystems refuse fsync on directories
+        if e.errno not in (errno.EINVAL, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
+
+
+def open_store(location: str) -> LogStore:
+    """A :class:`LogStore` for ``location``: a local path now; ``s3://`` once an S3 store is registered."""
+    if "://" in location and not location.startswith("file://"):
+        scheme = location.split("://", 1)[0]
+        factory = _STORE_FACTORIES.get(scheme)
+        if factory is None and scheme in _LAZY_STORES:
+            importlib.import_module(_LAZY_STORES[scheme])  # registers its store
+            factory = _STORE_FACTORIES.get(scheme)
+        if factory is None:
+            raise ConfigurationError(
+                f"no transaction log store for {scheme}:// locations (log location {location!r}); "
+                f"known: file paths{', ' + ', '.join(s + '://' for s in _STORE_FACTORIES) if _STORE_FACTORIES else ''}")
+        return factory(location)
+    return LocalLogStore(location[len("file://"):] if location.startswith("file://") else location)
+
+
+_STORE_FACTORIES: dict[str, Any] = {}
+#: store modules loaded on first use of their scheme (each calls :func:`register_store` when imported)
+_LAZY_STORES = {"s3": "twophase.log_s3", "s3a": "twophase.log_s3"}
+
+
+def register_store(scheme: str, factory: Any) -> None:
+    """Let ``open_store`` build stores for ``scheme://`` locations (the S3 store registers here)."""
+    _STORE_FACTORIES[scheme] = factory
