@@ -656,3 +656,17 @@ def test_coordinator_inv5_rerun_of_a_committed_batch_sweeps_its_own_leftovers(si
     assert [c for c, _ in sink.lingering_calls] == [1]
     assert sink.state_of(crashed.handle) is TransactionState.ABORTED
     assert_exactly_once(sink)
+
+
+def test_coordinator_commit_outcome_is_an_enum_that_reads_as_its_string(coord, sink):
+    """complete_batch returns a real enum member; callers comparing with or printing the string see the same."""
+    import enum
+    import json
+
+    from twophase.coordinator import CommitOutcome
+    outcome = coord.complete_batch(1, prepare_all(sink, 1))
+    assert outcome is CommitOutcome.COMMITTED and isinstance(outcome, enum.Enum)
+    assert outcome == "COMMITTED" and str(outcome) == f"{outcome}" == "COMMITTED"
+    assert json.dumps(outcome) == '"COMMITTED"'
+    assert [o.value for o in CommitOutcome] == ["COMMITTED", "ALREADY_COMMITTED", "RECOVERED"]
+    assert coord.complete_batch(1, prepare_all(sink, 1)) is CommitOutcome.ALREADY_COMMITTED

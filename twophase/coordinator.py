@@ -33,6 +33,7 @@ Invariants (named in tests as ``test_coordinator_invN_*``):
 
 from __future__ import annotations
 
+import enum
 import threading
 import time
 from dataclasses import dataclass, field
@@ -100,10 +101,22 @@ class RecoveryReport:
     lingering_aborted: int = 0
 
 
-class CommitOutcome(str):
+class CommitOutcome(str, enum.Enum):
+    """What :meth:`CheckpointCoordinator.complete_batch` did. A str, so ``outcome == "COMMITTED"``
+    holds and ``str()`` / f-strings give the bare value, as when this was a plain string."""
+
+    #: this call completed and committed the checkpoint
     COMMITTED = "COMMITTED"
+    #: the log had it COMMITTED (or pruned below the highest committed id) or LOST: nothing committed again
     ALREADY_COMMITTED = "ALREADY_COMMITTED"
+    #: the log had it COMPLETED (decided by an earlier call): its recorded handles were committed
     RECOVERED = "RECOVERED"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
 
 
 class CheckpointCoordinator:
@@ -317,7 +330,7 @@ class CheckpointCoordinator:
     # ---- the Spark path: one call per batch, all acks at once
 
     def complete_batch(self, checkpoint_id: int, acks: Sequence[Optional[Ack]],
-                       expected_tasks: Optional[Iterable[str]] = None) -> str:
+                       expected_tasks: Optional[Iterable[str]] = None) -> CommitOutcome:
         """Complete checkpoint ``checkpoint_id`` from every task's ack in one call (Spark's driver commit).
 
         Idempotent (invariant 2): if the log already has the checkpoint COMMITTED (or pruned below the
