@@ -34,10 +34,9 @@ def test_checkpoint_inv1_not_complete_until_every_task_acked(pending):
     assert pending.not_yet_acknowledged == {"2"}
     assert pending.acknowledge("2", h("2")) is R.SUCCESS
     assert pending.is_fully_acknowledged
-    completed = pending.finalize(source_offsets={"topic": 5})
+    completed = pending.finalize()
     assert completed.checkpoint_id == 1
     assert completed.triggered_at == 100.0
-    assert completed.source_offsets == {"topic": 5}
     assert pending.is_disposed
 
 

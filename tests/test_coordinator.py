@@ -127,11 +127,10 @@ def test_coordinator_rerun_of_an_aborted_batch_commits_the_new_attempt(coord, si
 def test_coordinator_listeners_get_the_completed_checkpoint(coord, sink):
     seen: list[CompletedCheckpoint] = []
     coord.listeners.append(seen.append)
-    coord.trigger(1, ["0"], CheckpointProperties.savepoint(), source_offsets={"t": 9})
+    coord.trigger(1, ["0"], CheckpointProperties.savepoint())
     coord.acknowledge(sink.prepare(1, "0"), task_state={"pos": 3})
     assert [c.checkpoint_id for c in seen] == [1]
     assert seen[0].properties == CheckpointProperties.savepoint()
-    assert seen[0].source_offsets == {"t": 9}
     assert seen[0].task_state == {"0": {"pos": 3}}
     assert coord.latest_completed().checkpoint_id == 1
 

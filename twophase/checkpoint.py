@@ -92,7 +92,6 @@ class CompletedCheckpoint:
     properties: CheckpointProperties = field(default_factory=CheckpointProperties)
     triggered_at: float = 0.0
     completed_at: float = 0.0
-    source_offsets: Optional[Mapping[str, Any]] = None
     task_state: Optional[Mapping[str, Any]] = None
 
     def ordered_handles(self) -> list[Handle]:
@@ -158,7 +157,7 @@ class PendingCheckpoint:
             self._task_state[task_id] = task_state
         return TaskAcknowledgeResult.SUCCESS
 
-    def finalize(self, *, source_offsets: Optional[Mapping[str, Any]] = None) -> CompletedCheckpoint:
+    def finalize(self) -> CompletedCheckpoint:
         """Turn a fully acknowledged checkpoint into a :class:`CompletedCheckpoint` (invariant 1, 4)."""
         if not self.is_fully_acknowledged:
             raise InvalidTransitionError(
@@ -166,8 +165,7 @@ class PendingCheckpoint:
                 f"{'disposed' if self._disposed else 'missing acks from ' + str(sorted(self._not_yet_acked))}")
         self._disposed = True
         return CompletedCheckpoint(self.checkpoint_id, dict(self._handles), self.properties,
-                                   self.triggered_at, time.time(), source_offsets,
-                                   dict(self._task_state) or None)
+                                   self.triggered_at, time.time(), dict(self._task_state) or None)
 
     def abort(self, reason: str) -> dict[str, Handle]:
         """Dispose of the checkpoint; returns the handles acked so far, which the caller must abort."""

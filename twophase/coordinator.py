@@ -178,14 +178,12 @@ class CheckpointCoordinator:
 
     # ---- step 1: trigger
 
-    def trigger(self, checkpoint_id: int, tasks: Iterable[str], properties: Optional[CheckpointProperties] = None,
-                *, source_offsets: Optional[Mapping[str, Any]] = None) -> PendingCheckpoint:
+    def trigger(self, checkpoint_id: int, tasks: Iterable[str],
+                properties: Optional[CheckpointProperties] = None) -> PendingCheckpoint:
         """Create and record a PendingCheckpoint for ``tasks`` (step 1)."""
         with self._lock:
             pending = PendingCheckpoint(checkpoint_id, tasks, properties, triggered_at=self.clock())
-            pending.source_offsets = source_offsets  # type: ignore[attr-defined]
-            self.log.transition(checkpoint_id, CheckpointState.PENDING, properties=pending.properties,
-                                source_offsets=source_offsets)
+            self.log.transition(checkpoint_id, CheckpointState.PENDING, properties=pending.properties)
             self._pending[checkpoint_id] = pending
             self.last_trigger = self.clock()
             return pending
@@ -262,7 +260,7 @@ class CheckpointCoordinator:
 
     def _complete_and_commit(self, pending: PendingCheckpoint) -> CompletedCheckpoint:
         cid = pending.checkpoint_id
-        completed = pending.finalize(source_offsets=getattr(pending, "source_offsets", None))
+        completed = pending.finalize()
         del self._pending[cid]
         faults.maybe_crash("before_complete", cid)
         # step 3: durable decision before any commit (invariant 1)
