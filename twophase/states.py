@@ -26,6 +26,14 @@ Transaction states (one per sink transaction, i.e. per task and checkpoint)::
       │                        │
       └────────abort───────────┴──abort──► ABORTED
 
+In-memory state of a :class:`~twophase.checkpoint.PendingCheckpoint` (the coordinator's collector of
+acks for one attempt; "disposed" is COMPLETED or ABORTED, after which every ack is DISCARDED)::
+
+                 every expected task acked
+    COLLECTING ────────finalize()────────► COMPLETED (disposed)
+         │
+         └──────────abort()──────────────► ABORTED   (disposed)
+
 Every move goes through :func:`check_transition`, which raises
 :class:`~twophase.errors.InvalidTransitionError` for anything not in the tables.
 """
@@ -68,7 +76,23 @@ class TransactionState(str, enum.Enum):
     ABORTED = "ABORTED"
 
 
-State = Union[CheckpointState, TransactionState]
+class PendingState(str, enum.Enum):
+    """In-memory state of a :class:`~twophase.checkpoint.PendingCheckpoint` (never written to the log)."""
+
+    #: taking acks from the expected tasks
+    COLLECTING = "COLLECTING"
+    #: finalized into a CompletedCheckpoint (disposed)
+    COMPLETED = "COMPLETED"
+    #: aborted: declined, expired, subsumed, or a task missing (disposed)
+    ABORTED = "ABORTED"
+
+    @property
+    def is_disposed(self) -> bool:
+        """True once the checkpoint takes no more acks: COMPLETED or ABORTED."""
+        return self is not PendingState.COLLECTING
+
+
+State = Union[CheckpointState, TransactionState, PendingState]
 
 #: Allowed checkpoint moves; ``None`` is "no record yet".
 CHECKPOINT_TRANSITIONS: dict[Optional[CheckpointState], frozenset[CheckpointState]] = {
@@ -91,9 +115,25 @@ TRANSACTION_TRANSITIONS: dict[Optional[TransactionState], frozenset[TransactionS
 }
 
 
+#: Allowed moves of a PendingCheckpoint; ``None`` is "not created yet". Both ends are disposed.
+PENDING_CHECKPOINT_TRANSITIONS: dict[Optional[PendingState], frozenset[PendingState]] = {
+    None: frozenset({PendingState.COLLECTING}),
+    PendingState.COLLECTING: frozenset({PendingState.COMPLETED, PendingState.ABORTED}),
+    PendingState.COMPLETED: frozenset(),
+    PendingState.ABORTED: frozenset(),
+}
+
+#: The table of each kind of state.
+TABLES: dict[type, dict] = {
+    CheckpointState: CHECKPOINT_TRANSITIONS,
+    TransactionState: TRANSACTION_TRANSITIONS,
+    PendingState: PENDING_CHECKPOINT_TRANSITIONS,
+}
+
+
 def is_transition_valid(source: Optional[State], target: State) -> bool:
     """Whether the protocol allows moving from ``source`` (None: nothing yet) to ``target``."""
-    table: dict = CHECKPOINT_TRANSITIONS if isinstance(target, CheckpointState) else TRANSACTION_TRANSITIONS
+    table: dict = TABLES[type(target)]
     if source is not None and type(source) is not type(target):
         return False
     return target in table.get(source, frozenset())
