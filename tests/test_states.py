@@ -19,6 +19,7 @@ T = TransactionState
 
 CHECKPOINT_ALLOWED = {
     (None, C.PENDING),
+    (None, C.ABORTED),  # Spark aborts a batch with no record (no hop through PENDING)
     (C.PENDING, C.COMPLETED),
     (C.PENDING, C.ABORTED),
     (C.COMPLETED, C.COMMITTED),

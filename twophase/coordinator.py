@@ -33,7 +33,6 @@ Invariants (named in tests as ``test_coordinator_invN_*``):
 
 from __future__ import annotations
 
-import enum
 import threading
 import time
 from dataclasses import dataclass, field
@@ -43,10 +42,13 @@ from twophase import faults
 from twophase._logging import get_logger
 from twophase.checkpoint import (CheckpointProperties, CompletedCheckpoint, Handle, PendingCheckpoint,
                                  TaskAcknowledgeResult)
+from twophase.decisions import CommitOutcome
 from twophase.errors import CheckpointDeclinedError, ConfigurationError, DataLossError, QueryMismatchError
 from twophase.log import CheckpointRecord, TransactionLog
 from twophase.sink import Ack, TwoPhaseCommitSink
 from twophase.states import CheckpointState
+
+__all__ = ["CheckpointCoordinator", "CommitOutcome", "RecoveryReport", "TriggerPolicy"]
 
 _log = get_logger(__name__)
 
@@ -99,24 +101,6 @@ class RecoveryReport:
     committed: list[int] = field(default_factory=list)
     aborted: list[int] = field(default_factory=list)
     lingering_aborted: int = 0
-
-
-class CommitOutcome(str, enum.Enum):
-    """What :meth:`CheckpointCoordinator.complete_batch` did. A str, so ``outcome == "COMMITTED"``
-    holds and ``str()`` / f-strings give the bare value, as when this was a plain string."""
-
-    #: this call completed and committed the checkpoint
-    COMMITTED = "COMMITTED"
-    #: the log had it COMMITTED (or pruned below the highest committed id) or LOST: nothing committed again
-    ALREADY_COMMITTED = "ALREADY_COMMITTED"
-    #: the log had it COMPLETED (decided by an earlier call): its recorded handles were committed
-    RECOVERED = "RECOVERED"
-
-    def __str__(self) -> str:
-        return self.value
-
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
 
 
 class CheckpointCoordinator:

@@ -4,12 +4,13 @@ Checkpoint states (one record per checkpoint id in the transaction log)::
 
         trigger            all tasks acked,              every handle
     ∅ ──────────► PENDING ──record durable──► COMPLETED ──committed──► COMMITTED
-                     │                                                  (final)
-                     │ decline / timeout / subsumed / task failure
-                     ▼
-                  ABORTED ──► PENDING   (only a re-run of the same checkpoint id,
-                  (final for            which Spark does when a batch failed)
-                   its attempt)
+    │                │                                                  (final)
+    │                │ decline / timeout / subsumed / task failure
+    │                ▼
+    └─Spark abort─► ABORTED ──► PENDING   (only a re-run of the same checkpoint id,
+      of a batch   (final for            which Spark does when a batch failed)
+      with no       its attempt)
+      record)
 
 A COMPLETED checkpoint is never aborted: once the decision is durable it is
 committed, on recovery if need be (invariant 1 of :mod:`twophase.coordinator`).
@@ -33,6 +34,9 @@ acks for one attempt; "disposed" is COMPLETED or ABORTED, after which every ack 
     COLLECTING ────────finalize()────────► COMPLETED (disposed)
          │
          └──────────abort()──────────────► ABORTED   (disposed)
+
+What the coordinator does on each event, given a checkpoint's state, is one pure function beside
+these tables: :func:`twophase.decisions.decide` (its module docstring has the decision table).
 
 Every move goes through :func:`check_transition`, which raises
 :class:`~twophase.errors.InvalidTransitionError` for anything not in the tables.
@@ -96,7 +100,10 @@ State = Union[CheckpointState, TransactionState, PendingState]
 
 #: Allowed checkpoint moves; ``None`` is "no record yet".
 CHECKPOINT_TRANSITIONS: dict[Optional[CheckpointState], frozenset[CheckpointState]] = {
-    None: frozenset({CheckpointState.PENDING}),
+    # ABORTED directly: Spark aborts a batch this sink has no record of (its tasks failed before any
+    # commit call). The old way hopped through PENDING to get there; the record is the same, and the
+    # write is still a compare-and-swap against "absent" (log invariant 7). See twophase.decisions.
+    None: frozenset({CheckpointState.PENDING, CheckpointState.ABORTED}),
     CheckpointState.PENDING: frozenset({CheckpointState.COMPLETED, CheckpointState.ABORTED}),
     CheckpointState.COMPLETED: frozenset({CheckpointState.COMMITTED, CheckpointState.LOST}),
     CheckpointState.COMMITTED: frozenset(),
