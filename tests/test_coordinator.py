@@ -669,3 +669,73 @@ def test_coordinator_commit_outcome_is_an_enum_that_reads_as_its_string(coord, s
     assert json.dumps(outcome) == '"COMMITTED"'
     assert [o.value for o in CommitOutcome] == ["COMMITTED", "ALREADY_COMMITTED", "RECOVERED"]
     assert coord.complete_batch(1, prepare_all(sink, 1)) is CommitOutcome.ALREADY_COMMITTED
+
+
+# ---- the shape: decide() for every decision, the sink reached through three methods
+
+
+def test_coordinator_abort_batch_with_no_record_writes_aborted_without_a_pending_hop(coord, sink, txlog, monkeypatch):
+    """Spark's abort of a batch the log has no record of writes ABORTED once (∅ -> ABORTED), compare-and-swapped
+    against "absent"; it used to write PENDING first only to satisfy the table."""
+    writes = []
+    real = txlog.transition
+    monkeypatch.setattr(txlog, "transition", lambda cid, target, **kw: writes.append((target, kw.get("expected"))) or
+                        real(cid, target, **kw))
+    acks = prepare_all(sink, 5)
+    coord.abort_batch(5, acks, "task failed")
+    assert [t for t, _ in writes] == [C.ABORTED] and writes[0][1] == (None, None)
+    rec = txlog.get(5)
+    assert (rec.state, rec.attempt, rec.reason) == (C.ABORTED, 1, "task failed")
+    writes.clear()
+    coord.abort_batch(5, [], "again")  # already ABORTED: nothing to record
+    assert writes == [] and txlog.get(5).reason == "task failed"
+
+
+def test_coordinator_every_entry_point_asks_decide(coord, sink, txlog, monkeypatch):
+    import twophase.coordinator as coordmod
+    from twophase.decisions import Event as E
+    asked = []
+    real = coordmod.decide
+    monkeypatch.setattr(coordmod, "decide", lambda event, state, facts=None: asked.append(event) or
+                        real(event, state, *([facts] if facts else [])))
+
+    def events(fn, *args):
+        asked.clear()
+        fn(*args)
+        return list(dict.fromkeys(asked))
+
+    assert events(coord.trigger, 1, ["0"]) == [E.TRIGGER]
+    assert events(coord.acknowledge, sink.prepare(1, "7")) == [E.ACK_REJECTED]
+    assert events(coord.acknowledge, sink.prepare(1, "0")) == [E.ACKS_COMPLETE, E.NOTIFY_COMPLETE, E.CLEAN_UP]
+    coord.trigger(2, ["0"])
+    assert events(coord.decline, 2, "0", "no") == [E.ABORT]
+    assert events(coord.complete_batch, 3, prepare_all(sink, 3)) == [
+        E.BATCH_COMMIT, E.SUPERSEDED_CHECK, E.ACKS_COMPLETE, E.NOTIFY_COMPLETE, E.CLEAN_UP]
+    assert events(coord.abort_batch, 4, prepare_all(sink, 4), "x") == [E.SPARK_ABORT_BATCH]
+    record_completed(txlog, sink, 5)
+    assert events(coord.notify_checkpoint_complete, 5) == [E.NOTIFY_COMPLETE, E.CLEAN_UP]
+    record_completed(txlog, sink, 6)
+    assert events(coord.recover) == [E.RECOVER, E.RECOVERY_SWEEP]
+    txlog.transition(7, C.PENDING)
+    txlog.transition(7, C.COMPLETED, handles={})
+    assert events(coord.resolve_lost, 7, "gone") == [E.RESOLVE_LOST]
+
+
+def test_coordinator_reaches_the_sink_only_through_its_three_methods():
+    """Every use of ``self.sink`` is inside _abort_handles, _commit_handles or _sweep (the seam the sink API
+    split retargets), and the sink's log only in _transaction_log_of."""
+    import ast
+    import inspect
+
+    import twophase.coordinator as coordmod
+    tree = ast.parse(inspect.getsource(coordmod))
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "CheckpointCoordinator")
+    users = set()
+    for fn in (n for n in cls.body if isinstance(n, ast.FunctionDef)):
+        for node in ast.walk(fn):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) and node.value.attr == "sink"
+                    and isinstance(node.value.value, ast.Name) and node.value.value.id == "self"):
+                users.add(fn.name)
+            if isinstance(node, ast.Attribute) and node.attr == "transaction_log":
+                users.add(fn.name)
+    assert users == {"_abort_handles", "_commit_handles", "_sweep", "_transaction_log_of"}

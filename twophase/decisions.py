@@ -322,6 +322,8 @@ def _batch_commit(state: Optional[CheckpointState], facts: Facts) -> list[Action
         return [TakeAcks()]
     if state is S.COMPLETED:
         return [AbortHandles(Handles.UNRECORDED), CommitUpTo(), Outcome(CommitOutcome.RECOVERED)]
+    # a re-run of a committed batch (Spark had not logged it): its own retried or crashed attempts are
+    # leftovers too, and this may be the run's last batch, so sweep now
     sweep: list[Action] = [Sweep(best_effort=True)] if state is S.COMMITTED and facts.sweep_after_commit else []
     return [AbortHandles(Handles.UNRECORDED), *sweep, Outcome(CommitOutcome.ALREADY_COMMITTED)]
 
