@@ -9,6 +9,7 @@ import pytest
 from twophase.checkpoint import (CancelCheckpointMarker, CheckpointBarrier, CheckpointProperties, CheckpointType,
                                  CompletedCheckpoint, PendingCheckpoint, TaskAcknowledgeResult)
 from twophase.errors import InvalidTransitionError
+from twophase.states import PENDING_CHECKPOINT_TRANSITIONS, PendingState
 
 R = TaskAcknowledgeResult
 
@@ -34,10 +35,9 @@ def test_checkpoint_inv1_not_complete_until_every_task_acked(pending):
     assert pending.not_yet_acknowledged == {"2"}
     assert pending.acknowledge("2", h("2")) is R.SUCCESS
     assert pending.is_fully_acknowledged
-    completed = pending.finalize(source_offsets={"topic": 5})
+    completed = pending.finalize()
     assert completed.checkpoint_id == 1
     assert completed.triggered_at == 100.0
-    assert completed.source_offsets == {"topic": 5}
     assert pending.is_disposed
 
 
@@ -205,3 +205,41 @@ def test_completed_checkpoint_defaults():
     c = CompletedCheckpoint(1, {"0": h("0")})
     assert c.properties == CheckpointProperties()
     assert c.ordered_handles() == [h("0")]
+
+
+# ---- its disposal is a state of a table
+
+
+def test_checkpoint_every_state_a_pending_checkpoint_can_be_in_is_in_a_table():
+    """Walk every way a PendingCheckpoint moves (ack, finalize, abort, abort again, late acks) and check each
+    state seen is a PendingState in the table, every PendingState is reached, and there is no other flag."""
+    seen = set()
+
+    def walk(p: PendingCheckpoint, *steps) -> None:
+        seen.add(p.state)
+        for step in steps:
+            step(p)
+            seen.add(p.state)
+            p.acknowledge("0", h("0"))  # a late ack never moves it
+            seen.add(p.state)
+
+    walk(PendingCheckpoint(1, ["0"]), lambda p: p.acknowledge("0", h("0")), lambda p: p.finalize(),
+         lambda p: p.abort("late"))
+    walk(PendingCheckpoint(1, ["0", "1"]), lambda p: p.abort("declined"), lambda p: p.abort("again"))
+    walk(PendingCheckpoint(1, []), lambda p: p.finalize())
+    assert seen == set(PendingState)
+    assert all(isinstance(s, PendingState) and s in PENDING_CHECKPOINT_TRANSITIONS for s in seen)
+    assert not hasattr(PendingCheckpoint(1, []), "_disposed")
+
+
+def test_checkpoint_inv3_abort_of_a_disposed_checkpoint_returns_no_handle(pending):
+    for task in ("0", "1", "2"):
+        pending.acknowledge(task, h(task))
+    pending.finalize()
+    assert pending.abort("too late") == {}  # the completed checkpoint's handles are never to be aborted
+    assert pending.state is PendingState.COMPLETED
+    aborted = PendingCheckpoint(2, ["0"])
+    aborted.acknowledge("0", h("0", 2))
+    assert aborted.abort("declined") == {"0": h("0", 2)}
+    assert aborted.abort("again") == {} and aborted.abort_reason == "declined"
+    assert aborted.state is PendingState.ABORTED

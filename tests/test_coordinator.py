@@ -127,11 +127,10 @@ def test_coordinator_rerun_of_an_aborted_batch_commits_the_new_attempt(coord, si
 def test_coordinator_listeners_get_the_completed_checkpoint(coord, sink):
     seen: list[CompletedCheckpoint] = []
     coord.listeners.append(seen.append)
-    coord.trigger(1, ["0"], CheckpointProperties.savepoint(), source_offsets={"t": 9})
+    coord.trigger(1, ["0"], CheckpointProperties.savepoint())
     coord.acknowledge(sink.prepare(1, "0"), task_state={"pos": 3})
     assert [c.checkpoint_id for c in seen] == [1]
     assert seen[0].properties == CheckpointProperties.savepoint()
-    assert seen[0].source_offsets == {"t": 9}
     assert seen[0].task_state == {"0": {"pos": 3}}
     assert coord.latest_completed().checkpoint_id == 1
 
@@ -656,3 +655,89 @@ def test_coordinator_inv5_rerun_of_a_committed_batch_sweeps_its_own_leftovers(si
     assert [c for c, _ in sink.lingering_calls] == [1]
     assert sink.state_of(crashed.handle) is TransactionState.ABORTED
     assert_exactly_once(sink)
+
+
+def test_coordinator_commit_outcome_is_an_enum_that_reads_as_its_string(coord, sink):
+    """complete_batch returns a real enum member; callers comparing with or printing the string see the same."""
+    import enum
+    import json
+
+    from twophase.coordinator import CommitOutcome
+    outcome = coord.complete_batch(1, prepare_all(sink, 1))
+    assert outcome is CommitOutcome.COMMITTED and isinstance(outcome, enum.Enum)
+    assert outcome == "COMMITTED" and str(outcome) == f"{outcome}" == "COMMITTED"
+    assert json.dumps(outcome) == '"COMMITTED"'
+    assert [o.value for o in CommitOutcome] == ["COMMITTED", "ALREADY_COMMITTED", "RECOVERED"]
+    assert coord.complete_batch(1, prepare_all(sink, 1)) is CommitOutcome.ALREADY_COMMITTED
+
+
+# ---- the shape: decide() for every decision, the sink reached through three methods
+
+
+def test_coordinator_abort_batch_with_no_record_writes_aborted_without_a_pending_hop(coord, sink, txlog, monkeypatch):
+    """Spark's abort of a batch the log has no record of writes ABORTED once (∅ -> ABORTED), compare-and-swapped
+    against "absent"; it used to write PENDING first only to satisfy the table."""
+    writes = []
+    real = txlog.transition
+    monkeypatch.setattr(txlog, "transition", lambda cid, target, **kw: writes.append((target, kw.get("expected"))) or
+                        real(cid, target, **kw))
+    acks = prepare_all(sink, 5)
+    coord.abort_batch(5, acks, "task failed")
+    assert [t for t, _ in writes] == [C.ABORTED] and writes[0][1] == (None, None)
+    rec = txlog.get(5)
+    assert (rec.state, rec.attempt, rec.reason) == (C.ABORTED, 1, "task failed")
+    writes.clear()
+    coord.abort_batch(5, [], "again")  # already ABORTED: nothing to record
+    assert writes == [] and txlog.get(5).reason == "task failed"
+
+
+def test_coordinator_every_entry_point_asks_decide(coord, sink, txlog, monkeypatch):
+    import twophase.coordinator as coordmod
+    from twophase.decisions import Event as E
+    asked = []
+    real = coordmod.decide
+    monkeypatch.setattr(coordmod, "decide", lambda event, state, facts=None: asked.append(event) or
+                        real(event, state, *([facts] if facts else [])))
+
+    def events(fn, *args):
+        asked.clear()
+        fn(*args)
+        return list(dict.fromkeys(asked))
+
+    assert events(coord.trigger, 1, ["0"]) == [E.TRIGGER]
+    assert events(coord.acknowledge, sink.prepare(1, "7")) == [E.ACK_REJECTED]
+    assert events(coord.acknowledge, sink.prepare(1, "0")) == [E.ACKS_COMPLETE, E.NOTIFY_COMPLETE, E.CLEAN_UP]
+    coord.trigger(2, ["0"])
+    assert events(coord.decline, 2, "0", "no") == [E.ABORT]
+    assert events(coord.complete_batch, 3, prepare_all(sink, 3)) == [
+        E.BATCH_COMMIT, E.SUPERSEDED_CHECK, E.ACKS_COMPLETE, E.NOTIFY_COMPLETE, E.CLEAN_UP]
+    assert events(coord.abort_batch, 4, prepare_all(sink, 4), "x") == [E.SPARK_ABORT_BATCH]
+    record_completed(txlog, sink, 5)
+    assert events(coord.notify_checkpoint_complete, 5) == [E.NOTIFY_COMPLETE, E.CLEAN_UP]
+    record_completed(txlog, sink, 6)
+    assert events(coord.recover) == [E.RECOVER, E.RECOVERY_SWEEP]
+    txlog.transition(7, C.PENDING)
+    txlog.transition(7, C.COMPLETED, handles={})
+    assert events(coord.resolve_lost, 7, "gone") == [E.RESOLVE_LOST]
+
+
+def test_coordinator_reaches_the_committer_only_through_its_three_methods():
+    """Every use of ``self.committer`` is inside _abort_handles, _commit_handles or _sweep (one seam to
+    the sink), and the sink's spec only in ``__init__`` (its committer and its log)."""
+    import ast
+    import inspect
+
+    import twophase.coordinator as coordmod
+    tree = ast.parse(inspect.getsource(coordmod))
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "CheckpointCoordinator")
+    users, spec_users = set(), set()
+    for fn in (n for n in cls.body if isinstance(n, ast.FunctionDef)):
+        for node in ast.walk(fn):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
+                    and node.value.attr == "committer" and isinstance(node.value.value, ast.Name)
+                    and node.value.value.id == "self"):
+                users.add(fn.name)
+            if isinstance(node, ast.Attribute) and node.attr in ("transaction_log", "create_committer"):
+                spec_users.add(fn.name)
+    assert users == {"_abort_handles", "_commit_handles", "_sweep"}
+    assert spec_users == {"__init__"}

@@ -368,7 +368,7 @@ def test_kafka_sink_pre_commit_handle_and_transaction_log_hold_no_secret(kafka, 
     handle = sink.pre_commit(KafkaTransaction(ctx, sink.transactional_id("0", 0, 0), _FakeProducer(), time.time()))
     assert handle["producer_id"] == 4711 and handle["transactional_id"]
     assert_no_secret(json.dumps(handle), "Kafka handle")
-    log.transition(0, CheckpointState.PENDING, source_offsets={"tokens": {"0": 12}})
+    log.transition(0, CheckpointState.PENDING)
     log.transition(0, CheckpointState.COMPLETED, handles={"0": handle})
     _log_files_and_inspect_have_no_secret(log_dir, capsys)
 
@@ -382,8 +382,8 @@ def test_log_inspect_masks_secrets_even_when_a_record_holds_them(tmp_path, capsy
     location = str(tmp_path / "log")
     log = TransactionLog(LocalLogStore(location), "s")
     log.claim("/ck")
-    log.transition(1, CheckpointState.PENDING, source_offsets={"tokens": {"0": 12}})
-    log.transition(1, CheckpointState.COMPLETED,
+    log.transition(1, CheckpointState.PENDING)
+    log.transition(1, CheckpointState.COMPLETED, task_state={"tokens": {"0": 12}},
                    handles={"0": {"txn": "t-0", "records": 3, "sasl_plain_password": SASL_PW,
                                   "client": {"aws_session_token": S3_TOKEN},
                                   "endpoint": f"http://u:{URL_PW}@h:9000"}})
@@ -395,7 +395,7 @@ def test_log_inspect_masks_secrets_even_when_a_record_holds_them(tmp_path, capsy
     info = json.loads(out)
     [c] = info["checkpoints"]
     assert c["handles"]["0"]["txn"] == "t-0" and c["handles"]["0"]["sasl_plain_password"] == MASK
-    assert c["records"] == 3 and c["source_offsets"] == {"tokens": {"0": 12}}
+    assert c["records"] == 3 and c["task_state"] == {"tokens": {"0": 12}}
     assert cli.main(["log", "inspect", location]) == 0
     table = capsys.readouterr().out
     assert_no_secret(table, "inspect table")

@@ -1,4 +1,4 @@
-"""Every (source, target) pair of both transition tables of :mod:`twophase.states`.
+"""Every (source, target) pair of the transition tables of :mod:`twophase.states`.
 
 The allowed moves are written out here from the diagrams in the module docstring, not read from
 the tables, so a wrong table entry fails a test.
@@ -11,14 +11,15 @@ import itertools
 import pytest
 
 from twophase.errors import InvalidTransitionError, TwoPhaseError
-from twophase.states import (CHECKPOINT_TRANSITIONS, TRANSACTION_TRANSITIONS, CheckpointState, TransactionState,
-                             check_transition, is_transition_valid)
+from twophase.states import (CHECKPOINT_TRANSITIONS, TABLES, TRANSACTION_TRANSITIONS, CheckpointState, PendingState,
+                             TransactionState, check_transition, is_transition_valid)
 
 C = CheckpointState
 T = TransactionState
 
 CHECKPOINT_ALLOWED = {
     (None, C.PENDING),
+    (None, C.ABORTED),  # Spark aborts a batch with no record (no hop through PENDING)
     (C.PENDING, C.COMPLETED),
     (C.PENDING, C.ABORTED),
     (C.COMPLETED, C.COMMITTED),
@@ -108,3 +109,37 @@ def test_checkpoint_state_flags(state, decided, final):
 
 def test_invalid_transition_error_is_a_twophase_error():
     assert issubclass(InvalidTransitionError, TwoPhaseError)
+
+
+# ---- the in-memory PendingCheckpoint's table
+
+P = PendingState
+
+PENDING_ALLOWED = {
+    (None, P.COLLECTING),
+    (P.COLLECTING, P.COMPLETED),  # finalize: every expected task acked
+    (P.COLLECTING, P.ABORTED),  # abort: declined, expired, subsumed, a task missing
+}
+
+PENDING_PAIRS = list(itertools.product([None, *P], list(P)))
+
+
+@pytest.mark.parametrize("pair", PENDING_PAIRS, ids=[_id(p) for p in PENDING_PAIRS])
+def test_pending_checkpoint_transition(pair):
+    source, target = pair
+    assert is_transition_valid(source, target) is (pair in PENDING_ALLOWED)
+    if pair not in PENDING_ALLOWED:
+        with pytest.raises(InvalidTransitionError):
+            check_transition(source, target)
+
+
+def test_every_kind_of_state_has_a_table_covering_it():
+    assert set(TABLES) == {C, T, P}
+    for kind, table in TABLES.items():
+        assert set(table) == {None, *kind}
+        assert all(isinstance(t, kind) for targets in table.values() for t in targets)
+
+
+@pytest.mark.parametrize("state,disposed", [(P.COLLECTING, False), (P.COMPLETED, True), (P.ABORTED, True)])
+def test_pending_state_disposed(state, disposed):
+    assert state.is_disposed is disposed

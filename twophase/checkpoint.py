@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional
 
 from twophase.errors import InvalidTransitionError
+from twophase.states import PendingState, check_transition
 
 Handle = Mapping[str, Any]
 """A sink's transaction handle: a JSON-serializable mapping that lets the driver commit or abort."""
@@ -92,7 +93,6 @@ class CompletedCheckpoint:
     properties: CheckpointProperties = field(default_factory=CheckpointProperties)
     triggered_at: float = 0.0
     completed_at: float = 0.0
-    source_offsets: Optional[Mapping[str, Any]] = None
     task_state: Optional[Mapping[str, Any]] = None
 
     def ordered_handles(self) -> list[Handle]:
@@ -107,7 +107,9 @@ def _task_sort_key(task_id: str) -> tuple[int, Any]:
 class PendingCheckpoint:
     """A triggered checkpoint collecting acks from ``tasks_to_ack``.
 
-    Not thread-safe; the coordinator serialises access.
+    Its :attr:`state` moves COLLECTING -> COMPLETED (finalize) or ABORTED (abort) through
+    :func:`~twophase.states.check_transition` (the table :data:`~twophase.states.PENDING_CHECKPOINT_TRANSITIONS`);
+    both are "disposed". Not thread-safe; the coordinator serialises access.
     """
 
     def __init__(self, checkpoint_id: int, tasks_to_ack: Iterable[str],
@@ -120,8 +122,18 @@ class PendingCheckpoint:
         self._expected: frozenset[str] = frozenset(self._not_yet_acked)
         self._handles: dict[str, Handle] = {}
         self._task_state: dict[str, Any] = {}
-        self._disposed = False
+        self._state: Optional[PendingState] = None
+        self._move(PendingState.COLLECTING)
         self.abort_reason: Optional[str] = None
+
+    def _move(self, target: PendingState) -> None:
+        check_transition(self._state, target, what=f"pending checkpoint {self.checkpoint_id}")
+        self._state = target
+
+    @property
+    def state(self) -> PendingState:
+        assert self._state is not None
+        return self._state
 
     @property
     def expected_tasks(self) -> frozenset[str]:
@@ -137,16 +149,16 @@ class PendingCheckpoint:
 
     @property
     def is_fully_acknowledged(self) -> bool:
-        return not self._not_yet_acked and not self._disposed
+        return not self._not_yet_acked and self.state is PendingState.COLLECTING
 
     @property
     def is_disposed(self) -> bool:
-        return self._disposed
+        return self.state.is_disposed
 
     def acknowledge(self, task_id: str, handle: Handle, task_state: Any = None) -> TaskAcknowledgeResult:
         """Record ``task_id``'s ack carrying ``handle`` (invariants 2 and 3)."""
         task_id = str(task_id)
-        if self._disposed:
+        if self.state.is_disposed:
             return TaskAcknowledgeResult.DISCARDED
         if task_id not in self._expected:
             return TaskAcknowledgeResult.UNKNOWN
@@ -158,19 +170,25 @@ class PendingCheckpoint:
             self._task_state[task_id] = task_state
         return TaskAcknowledgeResult.SUCCESS
 
-    def finalize(self, *, source_offsets: Optional[Mapping[str, Any]] = None) -> CompletedCheckpoint:
+    def finalize(self) -> CompletedCheckpoint:
         """Turn a fully acknowledged checkpoint into a :class:`CompletedCheckpoint` (invariant 1, 4)."""
         if not self.is_fully_acknowledged:
             raise InvalidTransitionError(
                 f"checkpoint {self.checkpoint_id} cannot complete: "
-                f"{'disposed' if self._disposed else 'missing acks from ' + str(sorted(self._not_yet_acked))}")
-        self._disposed = True
+                f"{'disposed' if self.is_disposed else 'missing acks from ' + str(sorted(self._not_yet_acked))}")
+        self._move(PendingState.COMPLETED)
         return CompletedCheckpoint(self.checkpoint_id, dict(self._handles), self.properties,
-                                   self.triggered_at, time.time(), source_offsets,
-                                   dict(self._task_state) or None)
+                                   self.triggered_at, time.time(), dict(self._task_state) or None)
 
     def abort(self, reason: str) -> dict[str, Handle]:
-        """Dispose of the checkpoint; returns the handles acked so far, which the caller must abort."""
-        self._disposed = True
+        """Dispose of the checkpoint; returns the handles acked so far, which the caller must abort.
+
+        Aborting a checkpoint that is already disposed changes nothing and returns no handle: a
+        COMPLETED one's handles are the decided checkpoint's (committed, never aborted), an ABORTED
+        one's were returned by the first abort.
+        """
+        if self.state.is_disposed:
+            return {}
+        self._move(PendingState.ABORTED)
         self.abort_reason = reason
         return dict(self._handles)

@@ -29,6 +29,12 @@ Invariants (named in tests as ``test_coordinator_invN_*``):
 7. A COMPLETED checkpoint that cannot be committed (DataLossError) stops recovery, with the operator
    command in the error; only ``twophase log resolve --accept-loss`` moves it to LOST, which is
    recorded, final, and never counted as committed.
+
+What the coordinator does on each event is one pure function, :func:`twophase.decisions.decide`
+(event, record state, facts) -> actions, whose module docstring has the whole decision table. Every
+entry point below reads what it needs, asks it, and hands the actions to the executor
+(:meth:`CheckpointCoordinator._execute`), the only place that writes a checkpoint record; the sink is
+reached only through ``_abort_handles``, ``_commit_handles`` and ``_sweep``.
 """
 
 from __future__ import annotations
@@ -36,16 +42,21 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 from twophase import faults
 from twophase._logging import get_logger
 from twophase.checkpoint import (CheckpointProperties, CompletedCheckpoint, Handle, PendingCheckpoint,
                                  TaskAcknowledgeResult)
+from twophase.decisions import (AbortHandles, Action, CheckSuperseded, CommitHandles, CommitOutcome, CommitUpTo, Event,
+                                Facts, Handles, Outcome, Prune, Refuse, RefuseResolve, Sweep, TakeAcks, WriteAborted,
+                                WriteCommitted, WriteCompleted, WriteLost, WritePending, decide)
 from twophase.errors import CheckpointDeclinedError, ConfigurationError, DataLossError, QueryMismatchError
 from twophase.log import CheckpointRecord, TransactionLog
 from twophase.sink import Ack, CommitStatus, SinkCommitter, SinkSpec
-from twophase.states import CheckpointState
+from twophase.states import CheckpointState, check_transition
+
+__all__ = ["CheckpointCoordinator", "CommitOutcome", "RecoveryReport", "TriggerPolicy"]
 
 _log = get_logger(__name__)
 
@@ -100,10 +111,34 @@ class RecoveryReport:
     lingering_aborted: int = 0
 
 
-class CommitOutcome(str):
-    COMMITTED = "COMMITTED"
-    ALREADY_COMMITTED = "ALREADY_COMMITTED"
-    RECOVERED = "RECOVERED"
+@dataclass
+class _Call:
+    """One entry point's call, as its executor sees it: the checkpoint, its record as read, and what it brings."""
+
+    checkpoint_id: int
+    #: the record as last read or written by this call (None: no record)
+    record: Optional[CheckpointRecord] = None
+    #: the (record, version) the decision was based on: the first write compare-and-swaps against it
+    #: (log invariant 7); None: the log's own read (inside ``locked()`` that is the cached one)
+    expected: Optional[tuple[Optional[CheckpointRecord], Optional[str]]] = None
+    #: the handles the event brings (ACKED)
+    handles: Sequence[Handle] = ()
+    #: BATCH_COMMIT: the acks and the tasks that must ack
+    acks: Sequence[Ack] = ()
+    expected_tasks: frozenset[str] = frozenset()
+    #: TRIGGER: the properties to record
+    properties: Optional[CheckpointProperties] = None
+    #: ACKS_COMPLETE: the finalized checkpoint to record
+    completed: Optional[CompletedCheckpoint] = None
+    #: what the executor saw: handles aborted, lingering transactions swept, when the commit started
+    aborted: int = 0
+    swept: int = 0
+    commit_started: float = 0.0
+    recovering: bool = False
+
+    @property
+    def state(self) -> Optional[CheckpointState]:
+        return self.record.state if self.record is not None else None
 
 
 class CheckpointCoordinator:
@@ -111,6 +146,10 @@ class CheckpointCoordinator:
 
     Thread-safe. Holds pending checkpoints in memory only; everything that matters after a crash is
     in the log, so a coordinator can be created afresh for every Spark commit call.
+
+    Every public entry point reads what it needs, asks :func:`twophase.decisions.decide` and hands the
+    actions to :meth:`_execute`, the only place that writes a checkpoint record; the sink is reached only
+    through :meth:`_abort_handles`, :meth:`_commit_handles` and :meth:`_sweep`.
     """
 
     def __init__(self, sink: "SinkSpec[Any] | SinkCommitter[Any]", log: Optional[TransactionLog] = None, *,
@@ -140,6 +179,27 @@ class CheckpointCoordinator:
         self.consecutive_failures = 0
         self.listeners: list[Callable[[CompletedCheckpoint], None]] = []
 
+    # ---- the sink's committer, reached only here
+
+    def _abort_handles(self, handles: Iterable[Handle], *, recovering: bool = False) -> None:
+        """Abort JSON handles through the committer (typed by its ``decode``)."""
+        for h in handles:
+            self.committer.abort(self.committer.decode(h), recovering=recovering)
+
+    def _commit_handles(self, checkpoint_id: int, handles: Sequence[Handle], *, recovering: bool) -> None:
+        """Commit a checkpoint's JSON handles through the committer; a LOST outcome is a DataLossError."""
+        results = self.committer.commit_checkpoint(checkpoint_id, [self.committer.decode(h) for h in handles],
+                                                   recovering=recovering)
+        lost = [r for r in results if r.status is CommitStatus.LOST]
+        if lost:
+            raise DataLossError("; ".join(r.detail or f"task {r.committable.task_id}: data gone" for r in lost))
+
+    def _sweep(self, up_to: int) -> int:
+        """Abort this sink's lingering transactions ``<= up_to`` (committed or recovered up to there: nothing
+        of them can be committed any more); returns how many. Raises what the sink raises (the executor
+        makes a sweep after a commit best effort)."""
+        return self.committer.abort_lingering(up_to, self.log.highest_committed())
+
     # ---- recovery (invariant 5)
 
     def recover(self) -> RecoveryReport:
@@ -148,20 +208,20 @@ class CheckpointCoordinator:
         with self._lock, self.log.locked():
             view = self.log.view()
             for rec in view.unfinished:
-                if rec.state is CheckpointState.COMPLETED:
-                    self._commit_record(rec, recovering=True)
+                actions = decide(Event.RECOVER, rec.state)
+                self._execute(Event.RECOVER, actions, _Call(rec.checkpoint_id, rec))
+                if any(isinstance(a, WriteCommitted) for a in actions):
                     report.committed.append(rec.checkpoint_id)
-                elif rec.state is CheckpointState.PENDING:
-                    self._abort_handles(rec.handles.values(), recovering=True)
-                    self.log.transition(rec.checkpoint_id, CheckpointState.ABORTED, reason="aborted at recovery")
+                elif any(isinstance(a, WriteAborted) for a in actions):
                     report.aborted.append(rec.checkpoint_id)
                 faults.maybe_crash("in_recovery", rec.checkpoint_id)
             # Only up to the highest COMMITTED id: an ABORTED id may be attempted again right now (Spark
             # re-runs the batch; this recovery also runs in the commit worker just before that batch's
             # commit), so its staged data is cleaned only once a later checkpoint commits (step 5).
             highest = max([view.highest_committed or -1, *report.committed])
-            if highest >= 0:
-                report.lingering_aborted = self.committer.abort_lingering(highest, highest)
+            call = _Call(highest)
+            self._run(Event.RECOVERY_SWEEP, None, Facts(highest_committed=highest if highest >= 0 else None), call)
+            report.lingering_aborted = call.swept
         if report.committed or report.aborted or report.lingering_aborted:
             _log.info("recovered", sink_id=self.log.sink_id, committed=report.committed, aborted=report.aborted,
                       lingering_aborted=report.lingering_aborted)
@@ -173,14 +233,14 @@ class CheckpointCoordinator:
 
     # ---- step 1: trigger
 
-    def trigger(self, checkpoint_id: int, tasks: Iterable[str], properties: Optional[CheckpointProperties] = None,
-                *, source_offsets: Optional[Mapping[str, Any]] = None) -> PendingCheckpoint:
+    def trigger(self, checkpoint_id: int, tasks: Iterable[str],
+                properties: Optional[CheckpointProperties] = None) -> PendingCheckpoint:
         """Create and record a PendingCheckpoint for ``tasks`` (step 1)."""
         with self._lock:
             pending = PendingCheckpoint(checkpoint_id, tasks, properties, triggered_at=self.clock())
-            pending.source_offsets = source_offsets  # type: ignore[attr-defined]
-            self.log.transition(checkpoint_id, CheckpointState.PENDING, properties=pending.properties,
-                                source_offsets=source_offsets)
+            call = self._read(checkpoint_id, properties=pending.properties)
+            # step 1: record PENDING (WritePending), or refuse an id that has a live or decided record
+            self._run(Event.TRIGGER, call.state, Facts(), call)
             self._pending[checkpoint_id] = pending
             self.last_trigger = self.clock()
             return pending
@@ -203,24 +263,21 @@ class CheckpointCoordinator:
             result = (pending.acknowledge(ack.task_id, ack.handle, task_state) if pending is not None
                       else TaskAcknowledgeResult.DISCARDED)
             if result is not TaskAcknowledgeResult.SUCCESS:
-                _log.warning("ack_rejected", checkpoint_id=ack.checkpoint_id, task=ack.task_id, result=result.value)
-                if not self._is_accepted(ack, pending):
-                    self._abort_handles([ack.handle])  # invariant 4: never committed
+                self._reject_ack(ack, pending, result)
                 return result
             if pending.is_fully_acknowledged:
                 self._complete_and_commit(pending)
             return result
 
-    def _is_accepted(self, ack: Ack, pending: Optional[PendingCheckpoint]) -> bool:
-        """Whether a rejected ack carries a handle its checkpoint already took (a redelivered ack).
-
-        Such a handle will be (or was) committed; aborting it would lose a decided checkpoint's data.
-        """
-        if pending is not None and ack.handle in pending.acked_handles.values():
-            return True
-        rec = self.log.get(ack.checkpoint_id)
-        return (rec is not None and rec.state in (CheckpointState.COMPLETED, CheckpointState.COMMITTED)
-                and ack.handle in rec.handles.values())
+    def _reject_ack(self, ack: Ack, pending: Optional[PendingCheckpoint], result: TaskAcknowledgeResult) -> None:
+        """A duplicate, unknown or late ack: aborted (invariant 4), unless it carries a handle its checkpoint
+        already took (a redelivered ack), which will be (or was) committed."""
+        _log.warning("ack_rejected", checkpoint_id=ack.checkpoint_id, task=ack.task_id, result=result.value)
+        redelivered = pending is not None and ack.handle in pending.acked_handles.values()
+        # a redelivery is decided whatever the record says: the log is read only when it matters
+        call = (_Call(ack.checkpoint_id, handles=[ack.handle]) if redelivered
+                else self._read(ack.checkpoint_id, handles=[ack.handle]))
+        self._run(Event.ACK_REJECTED, call.state, Facts(redelivered=redelivered), call)
 
     def decline(self, checkpoint_id: int, task_id: str, reason: str) -> None:
         """A task cannot take part in ``checkpoint_id``: abort it (invariant 4)."""
@@ -232,10 +289,8 @@ class CheckpointCoordinator:
         with self._lock:
             pending = self._pending.pop(checkpoint_id, None)
             handles = list(pending.abort(reason).values()) if pending else []
-            self._abort_handles([*handles, *extra_handles])
-            rec = self.log.get(checkpoint_id)
-            if rec is not None and rec.state is CheckpointState.PENDING:
-                self.log.transition(checkpoint_id, CheckpointState.ABORTED, reason=reason)
+            call = self._read(checkpoint_id, handles=[*handles, *extra_handles])
+            self._run(Event.ABORT, call.state, Facts(reason=reason), call)
             self.consecutive_failures += 1
             _log.warning("checkpoint_aborted", sink_id=self.log.sink_id, checkpoint_id=checkpoint_id,
                          reason=reason, expired=expired)
@@ -256,17 +311,11 @@ class CheckpointCoordinator:
 
     def _complete_and_commit(self, pending: PendingCheckpoint) -> CompletedCheckpoint:
         cid = pending.checkpoint_id
-        completed = pending.finalize(source_offsets=getattr(pending, "source_offsets", None))
+        completed = pending.finalize()
         del self._pending[cid]
-        faults.maybe_crash("before_complete", cid)
-        # step 3: durable decision before any commit (invariant 1)
-        rec = self.log.transition(cid, CheckpointState.COMPLETED, handles=dict(completed.handles),
-                                  task_state=completed.task_state)
-        faults.maybe_crash("after_complete", cid)
-        self.last_completion = self.clock()
-        self.consecutive_failures = 0
-        # step 4: commit everything completed up to cid, in order (invariant 3)
-        self.notify_checkpoint_complete(cid, current=rec)
+        call = self._read(cid, completed=completed)
+        # step 3 (WriteCompleted: durable decision before any commit, invariant 1), then step 4 (CommitUpTo)
+        self._run(Event.ACKS_COMPLETE, call.state, Facts(), call)
         for listener in self.listeners:
             listener(completed)
         return completed
@@ -278,66 +327,22 @@ class CheckpointCoordinator:
             # record below a COMMITTED one is left unfinished (log invariant 6)
             for cid in [c for c in self._pending if c < checkpoint_id]:
                 self.abort_checkpoint(cid, f"subsumed by checkpoint {checkpoint_id}")
+            # step 4: commit everything completed up to checkpoint_id, in order (invariant 3); a PENDING
+            # record below it that no live PendingCheckpoint owns (its coordinator died) is subsumed
             for rec in self.log.unfinished():
                 if rec.checkpoint_id > checkpoint_id:
                     break
-                if rec.state is CheckpointState.COMPLETED:
-                    self._commit_record(rec, recovering=rec.checkpoint_id != checkpoint_id)
-                elif rec.state is CheckpointState.PENDING and rec.checkpoint_id < checkpoint_id:
-                    # a PENDING record no live PendingCheckpoint owns (its coordinator died): subsumed
-                    self.log.transition(rec.checkpoint_id, CheckpointState.ABORTED,
-                                        reason=f"subsumed by checkpoint {checkpoint_id}")
+                facts = Facts(older=rec.checkpoint_id < checkpoint_id, notified=checkpoint_id)
+                self._run(Event.NOTIFY_COMPLETE, rec.state, facts, _Call(rec.checkpoint_id, rec))
             # step 5b: clean up
             self.consecutive_failures = 0
-            if self.sweep_after_commit:
-                self._sweep(checkpoint_id)
-            self.log.prune()
+            self._run(Event.CLEAN_UP, None, Facts(sweep_after_commit=self.sweep_after_commit), _Call(checkpoint_id))
         faults.maybe_crash("after_commit", checkpoint_id)
-
-    def _sweep(self, checkpoint_id: int) -> None:
-        """Abort this sink's lingering transactions ``<= checkpoint_id`` (committed: nothing there can be
-        committed any more). Cleanup only: a failure is logged and the next sweep (the next commit, the
-        next recovery) retries it; it never fails a batch whose data is already committed."""
-        try:
-            self.committer.abort_lingering(checkpoint_id, self.log.highest_committed())
-        except Exception as e:  # noqa: BLE001 - see docstring
-            _log.warning("sweep_failed", sink_id=self.log.sink_id, checkpoint_id=checkpoint_id, error=str(e),
-                         consequence="leftovers stay until the next sweep")
-
-    def _abort_handles(self, handles: Iterable[Handle], *, recovering: bool = False) -> None:
-        """Abort JSON handles through the sink's committer (the one way this class aborts)."""
-        for h in handles:
-            self.committer.abort(self.committer.decode(h), recovering=recovering)
-
-    def _commit_handles(self, checkpoint_id: int, handles: Sequence[Handle], *, recovering: bool) -> None:
-        """Commit a checkpoint's JSON handles through the committer; a LOST outcome is a DataLossError."""
-        results = self.committer.commit_checkpoint(checkpoint_id, [self.committer.decode(h) for h in handles],
-                                                   recovering=recovering)
-        lost = [r for r in results if r.status is CommitStatus.LOST]
-        if lost:
-            raise DataLossError("; ".join(r.detail or f"task {r.committable.task_id}: data gone" for r in lost))
-
-    def _commit_record(self, rec: CheckpointRecord, *, recovering: bool) -> None:
-        started = time.perf_counter()
-        handles = rec.to_completed().ordered_handles()
-        try:
-            self._commit_handles(rec.checkpoint_id, handles, recovering=recovering)
-        except DataLossError as e:  # invariant 7: stop, and tell the operator the one way on
-            _log.error("checkpoint_data_loss", sink_id=self.log.sink_id, checkpoint_id=rec.checkpoint_id, error=str(e))
-            if "twophase log resolve" in str(e):  # the sink named the command already
-                raise
-            raise DataLossError(
-                f"{e}. Checkpoint {rec.checkpoint_id} of sink {self.log.sink_id!r} stays COMPLETED and every restart "
-                f"stops here until an operator records the loss: twophase log resolve {self.log.location} "
-                f"--sink-id {self.log.sink_id} --checkpoint {rec.checkpoint_id} --accept-loss") from e
-        self.log.transition(rec.checkpoint_id, CheckpointState.COMMITTED)
-        _log.info("checkpoint_committed", sink_id=self.log.sink_id, checkpoint_id=rec.checkpoint_id,
-                  handles=len(handles), recovering=recovering, commit_ms=round((time.perf_counter() - started) * 1e3, 3))
 
     # ---- the Spark path: one call per batch, all acks at once
 
     def complete_batch(self, checkpoint_id: int, acks: Sequence[Optional[Ack]],
-                       expected_tasks: Optional[Iterable[str]] = None) -> str:
+                       expected_tasks: Optional[Iterable[str]] = None) -> CommitOutcome:
         """Complete checkpoint ``checkpoint_id`` from every task's ack in one call (Spark's driver commit).
 
         Idempotent (invariant 2): if the log already has the checkpoint COMMITTED (or pruned below the
@@ -350,45 +355,32 @@ class CheckpointCoordinator:
                     else {a.task_id for a in present} | ({"<missing>"} if len(present) < len(acks) else set()))
         with self._lock, self.log.locked():
             self._bind_query(checkpoint_id, present)
-            rec = self.log.get(checkpoint_id)
+            call = self._read(checkpoint_id, handles=[a.handle for a in present], acks=present,
+                              expected_tasks=frozenset(expected))
             highest = self.log.highest_committed()
-            already = (rec is not None and rec.state in (CheckpointState.COMMITTED, CheckpointState.LOST)) or (
-                rec is None and highest is not None and checkpoint_id < highest)
-            if already or (rec is not None and rec.state is CheckpointState.COMPLETED):
-                recorded = list(rec.handles.values()) if rec is not None else []
-                stale = [a.handle for a in present if a.handle not in recorded]
-                self._abort_handles(stale)
-                if already:
-                    _log.info("batch_already_committed", sink_id=self.log.sink_id, checkpoint_id=checkpoint_id,
-                              aborted_new_handles=len(stale))
-                    if self.sweep_after_commit and rec is not None and rec.state is CheckpointState.COMMITTED:
-                        # a re-run of a committed batch (Spark had not logged it): its own retried or
-                        # crashed attempts are leftovers too, and this may be the run's last batch
-                        self._sweep(checkpoint_id)
-                    return CommitOutcome.ALREADY_COMMITTED
-                self.notify_checkpoint_complete(checkpoint_id)
-                return CommitOutcome.RECOVERED
-            # step 1 (trigger and acks coincide in Spark)
-            if rec is None or rec.state is CheckpointState.ABORTED:
-                self.log.transition(checkpoint_id, CheckpointState.PENDING)
-                if rec is None and self._superseded(checkpoint_id):
-                    self._abort_handles([a.handle for a in present])
-                    return CommitOutcome.ALREADY_COMMITTED
-            pending = PendingCheckpoint(checkpoint_id, expected, triggered_at=self.clock())
-            self._pending[checkpoint_id] = pending
-            for a in present:  # step 2
-                result = pending.acknowledge(a.task_id, a.handle)
-                if result is not TaskAcknowledgeResult.SUCCESS:
-                    _log.warning("ack_rejected", checkpoint_id=checkpoint_id, task=a.task_id, result=result.value)
-                    if not self._is_accepted(a, pending):  # a redelivered copy of an accepted ack is not aborted
-                        self._abort_handles([a.handle])
-            if not pending.is_fully_acknowledged:
-                missing = sorted(pending.not_yet_acknowledged)
-                self.abort_checkpoint(checkpoint_id, f"tasks {missing} did not acknowledge")
-                raise CheckpointDeclinedError(
-                    f"checkpoint {checkpoint_id} of sink {self.log.sink_id!r} aborted: tasks {missing} did not ack")
-            self._complete_and_commit(pending)
-            return CommitOutcome.COMMITTED
+            facts = Facts(below_highest=highest is not None and checkpoint_id < highest,
+                          sweep_after_commit=self.sweep_after_commit)
+            outcome = self._run(Event.BATCH_COMMIT, call.state, facts, call)
+            assert outcome is not None, "every BATCH_COMMIT decision ends with an outcome"
+            return outcome
+
+    def _take_acks(self, call: _Call) -> CommitOutcome:
+        """Steps 1-2 of the Spark path (trigger and acks coincide), then 3-4 if every task acked."""
+        checkpoint_id = call.checkpoint_id
+        # step 1 (trigger and acks coincide in Spark; BATCH_COMMIT wrote PENDING unless it was there)
+        pending = PendingCheckpoint(checkpoint_id, call.expected_tasks, triggered_at=self.clock())
+        self._pending[checkpoint_id] = pending
+        for a in call.acks:  # step 2
+            result = pending.acknowledge(a.task_id, a.handle)
+            if result is not TaskAcknowledgeResult.SUCCESS:
+                self._reject_ack(a, pending, result)  # a redelivered copy of an accepted ack is not aborted
+        if not pending.is_fully_acknowledged:
+            missing = sorted(pending.not_yet_acknowledged)
+            self.abort_checkpoint(checkpoint_id, f"tasks {missing} did not acknowledge")
+            raise CheckpointDeclinedError(
+                f"checkpoint {checkpoint_id} of sink {self.log.sink_id!r} aborted: tasks {missing} did not ack")
+        self._complete_and_commit(pending)
+        return CommitOutcome.COMMITTED
 
     def _bind_query(self, checkpoint_id: int, acks: Sequence[Ack]) -> None:
         """Invariant 6: the acks' query must be the log's; otherwise abort them and refuse."""
@@ -400,46 +392,148 @@ class CheckpointCoordinator:
             if query_ids:
                 self.log.bind_query(query_ids[0])
         except QueryMismatchError:
-            self._abort_handles([a.handle for a in acks])
+            self._run(Event.QUERY_MISMATCH, None, Facts(), _Call(checkpoint_id, handles=[a.handle for a in acks]))
             raise
-
-    def _superseded(self, checkpoint_id: int) -> bool:
-        """After creating a record: did another driver commit a higher id meanwhile (then this id's old
-        record was pruned and this writer is a zombie)? If so, abort the new record (log invariant 7)."""
-        highest = self.log.highest_committed(fresh=True)
-        if highest is None or highest <= checkpoint_id:
-            return False
-        _log.warning("checkpoint_superseded", sink_id=self.log.sink_id, checkpoint_id=checkpoint_id, highest=highest)
-        self.log.transition(checkpoint_id, CheckpointState.ABORTED,
-                            reason=f"checkpoint {highest} was committed meanwhile by another driver")
-        return True
 
     def resolve_lost(self, checkpoint_id: int, reason: str) -> CheckpointRecord:
         """The operator's way out of invariant 7: record a COMPLETED checkpoint that can never be
         committed as LOST (final, with the reason), so that recovery goes on. Refuses any other state."""
         with self._lock, self.log.locked():
-            rec = self.log.get(checkpoint_id)
-            if rec is None or rec.state is not CheckpointState.COMPLETED:
-                raise ConfigurationError(
-                    f"checkpoint {checkpoint_id} of sink {self.log.sink_id!r} is "
-                    f"{rec.state.value if rec else 'not in the log'}; only a COMPLETED checkpoint can be resolved as lost")
-            records = sum(int(h.get("records", 0) or 0) for h in rec.handles.values())
-            out = self.log.transition(checkpoint_id, CheckpointState.LOST, reason=f"data loss accepted: {reason}")
+            call = self._read(checkpoint_id)
+            rec = call.record
+            self._run(Event.RESOLVE_LOST, call.state, Facts(reason=reason), call)
+        assert rec is not None and call.record is not None
+        records = sum(int(h.get("records", 0) or 0) for h in rec.handles.values())
         _log.error("checkpoint_loss_accepted", sink_id=self.log.sink_id, checkpoint_id=checkpoint_id,
                    handles=len(rec.handles), records=records, reason=reason)
-        return out
+        return call.record
 
     def abort_batch(self, checkpoint_id: int, acks: Sequence[Optional[Ack]], reason: str) -> None:
         """Spark's driver abort: abort every prepared handle, record ABORTED unless already decided."""
         with self._lock, self.log.locked():
-            rec = self.log.get(checkpoint_id)
-            recorded = list(rec.handles.values()) if rec is not None and rec.state.is_decided else []
-            self._abort_handles([a.handle for a in acks if a is not None and a.handle not in recorded])
-            highest = self.log.highest_committed() if rec is None else None
-            if highest is not None and checkpoint_id < highest:
-                return  # committed and pruned (as in complete_batch): a new record would reopen it
-            if rec is None or rec.state is CheckpointState.ABORTED:
-                self.log.transition(checkpoint_id, CheckpointState.PENDING)
-                rec = self.log.get(checkpoint_id)
-            if rec is not None and rec.state is CheckpointState.PENDING:
-                self.log.transition(checkpoint_id, CheckpointState.ABORTED, reason=reason)
+            call = self._read(checkpoint_id, handles=[a.handle for a in acks if a is not None])
+            highest = self.log.highest_committed() if call.record is None else None
+            # committed and pruned (as in complete_batch): a new record would reopen it
+            facts = Facts(below_highest=highest is not None and checkpoint_id < highest, reason=reason)
+            self._run(Event.SPARK_ABORT_BATCH, call.state, facts, call)
+
+    # ---- the executor: the only place that writes a checkpoint record or reaches the sink
+
+    def _read(self, checkpoint_id: int, **kw: Any) -> _Call:
+        """A call on ``checkpoint_id`` with its record as the log has it now (the decision's read)."""
+        rec, version = self.log.get_versioned(checkpoint_id)
+        return _Call(checkpoint_id, rec, (rec, version), **kw)
+
+    def _run(self, event: Event, state: Optional[CheckpointState], facts: Facts,
+             call: _Call) -> Optional[CommitOutcome]:
+        return self._execute(event, decide(event, state, facts), call)
+
+    def _execute(self, event: Event, actions: Sequence[Action], call: _Call) -> Optional[CommitOutcome]:
+        """Do ``actions`` in order; an outcome (Outcome, TakeAcks, a CheckSuperseded that found one) ends them."""
+        for action in actions:
+            outcome = self._do(event, action, call)
+            if outcome is not None:
+                return outcome
+        return None
+
+    def _write(self, call: _Call, target: CheckpointState, **changes: Any) -> CheckpointRecord:
+        expected, call.expected = call.expected, None
+        call.record = self.log.transition(call.checkpoint_id, target, expected=expected, **changes)
+        return call.record
+
+    def _handles(self, which: Handles, call: _Call) -> list[Handle]:
+        recorded = list(call.record.handles.values()) if call.record is not None else []
+        if which is Handles.RECORDED:
+            return recorded
+        if which is Handles.UNRECORDED:
+            return [h for h in call.handles if h not in recorded]
+        return list(call.handles)
+
+    def _do(self, event: Event, action: Action, call: _Call) -> Optional[CommitOutcome]:
+        cid = call.checkpoint_id
+        if isinstance(action, AbortHandles):
+            handles = self._handles(action.which, call)
+            self._abort_handles(handles, recovering=action.recovering)
+            call.aborted += len(handles)
+        elif isinstance(action, CommitHandles):
+            assert call.record is not None
+            call.commit_started, call.recovering = time.perf_counter(), action.recovering
+            self._commit_checkpoint(call.record, recovering=action.recovering)
+        elif isinstance(action, WritePending):
+            self._write(call, CheckpointState.PENDING,
+                        **({"properties": call.properties} if call.properties is not None else {}))
+        elif isinstance(action, WriteCompleted):
+            assert call.completed is not None
+            faults.maybe_crash("before_complete", cid)
+            # step 3: durable decision before any commit (invariant 1)
+            self._write(call, CheckpointState.COMPLETED, handles=dict(call.completed.handles),
+                        task_state=call.completed.task_state)
+            faults.maybe_crash("after_complete", cid)
+            self.last_completion = self.clock()
+            self.consecutive_failures = 0
+        elif isinstance(action, WriteCommitted):
+            rec = self._write(call, CheckpointState.COMMITTED)
+            _log.info("checkpoint_committed", sink_id=self.log.sink_id, checkpoint_id=cid, handles=len(rec.handles),
+                      recovering=call.recovering,
+                      commit_ms=round((time.perf_counter() - call.commit_started) * 1e3, 3))
+        elif isinstance(action, WriteAborted):
+            self._write(call, CheckpointState.ABORTED, reason=action.reason)
+        elif isinstance(action, WriteLost):
+            self._write(call, CheckpointState.LOST, reason=action.reason)
+        elif isinstance(action, Sweep):
+            up_to = cid if action.up_to is None else action.up_to
+            if not action.best_effort:
+                call.swept = self._sweep(up_to)
+            else:
+                # cleanup only: a failure is logged and the next sweep (the next commit, the next recovery)
+                # retries it; it never fails a batch whose data is already committed
+                try:
+                    call.swept = self._sweep(up_to)
+                except Exception as e:  # noqa: BLE001 - see above
+                    _log.warning("sweep_failed", sink_id=self.log.sink_id, checkpoint_id=up_to, error=str(e),
+                                 consequence="leftovers stay until the next sweep")
+        elif isinstance(action, Prune):
+            self.log.prune()
+        elif isinstance(action, CommitUpTo):
+            # step 4: commit everything completed up to cid, in order (invariant 3)
+            self.notify_checkpoint_complete(cid, current=call.record)
+        elif isinstance(action, CheckSuperseded):
+            # this call created the record of an id the log had none of: did another driver commit a higher
+            # id meanwhile (then this id's old record was pruned and this writer is a zombie)? (log invariant 7)
+            highest = self.log.highest_committed(fresh=True)
+            facts = Facts(below_highest=highest is not None and cid < highest, highest_committed=highest)
+            outcome = self._run(Event.SUPERSEDED_CHECK, call.state, facts, call)
+            if outcome is not None:
+                _log.warning("checkpoint_superseded", sink_id=self.log.sink_id, checkpoint_id=cid, highest=highest)
+            return outcome
+        elif isinstance(action, TakeAcks):
+            return self._take_acks(call)
+        elif isinstance(action, Outcome):
+            if event is Event.BATCH_COMMIT and action.outcome is CommitOutcome.ALREADY_COMMITTED:
+                _log.info("batch_already_committed", sink_id=self.log.sink_id, checkpoint_id=cid,
+                          aborted_new_handles=call.aborted)
+            return action.outcome
+        elif isinstance(action, Refuse):
+            check_transition(call.state, action.target, what=f"checkpoint {cid} of sink {self.log.sink_id!r}")
+            raise AssertionError(f"{action} for an allowed move")  # pragma: no cover - the table refuses it
+        elif isinstance(action, RefuseResolve):
+            raise ConfigurationError(
+                f"checkpoint {cid} of sink {self.log.sink_id!r} is "
+                f"{call.state.value if call.state else 'not in the log'}; only a COMPLETED checkpoint can be "
+                "resolved as lost")
+        else:  # pragma: no cover - every action of decisions.Action is handled above
+            raise AssertionError(f"no executor for {action!r}")
+        return None
+
+    def _commit_checkpoint(self, rec: CheckpointRecord, *, recovering: bool) -> None:
+        """Commit ``rec``'s handles; a DataLossError stops with the operator's one way on (invariant 7)."""
+        try:
+            self._commit_handles(rec.checkpoint_id, rec.to_completed().ordered_handles(), recovering=recovering)
+        except DataLossError as e:
+            _log.error("checkpoint_data_loss", sink_id=self.log.sink_id, checkpoint_id=rec.checkpoint_id, error=str(e))
+            if "twophase log resolve" in str(e):  # the sink named the command already
+                raise
+            raise DataLossError(
+                f"{e}. Checkpoint {rec.checkpoint_id} of sink {self.log.sink_id!r} stays COMPLETED and every restart "
+                f"stops here until an operator records the loss: twophase log resolve {self.log.location} "
+                f"--sink-id {self.log.sink_id} --checkpoint {rec.checkpoint_id} --accept-loss") from e

@@ -73,7 +73,6 @@ class CheckpointRecord:
     attempt: int = 1
     timestamps: Mapping[str, float] = field(default_factory=dict)
     reason: Optional[str] = None
-    source_offsets: Optional[Mapping[str, Any]] = None
     task_state: Optional[Mapping[str, Any]] = None
 
     def to_json(self) -> dict[str, Any]:
@@ -85,7 +84,6 @@ class CheckpointRecord:
             "handles": dict(self.handles),
             "timestamps": dict(self.timestamps),
             "reason": self.reason,
-            "source_offsets": self.source_offsets,
             "task_state": self.task_state,
         }
 
@@ -93,13 +91,12 @@ class CheckpointRecord:
     def from_json(cls, d: Mapping[str, Any]) -> "CheckpointRecord":
         return cls(int(d["checkpoint_id"]), CheckpointState(d["state"]), dict(d.get("handles") or {}),
                    CheckpointProperties.from_json(d.get("properties") or {}), int(d.get("attempt", 1)),
-                   dict(d.get("timestamps") or {}), d.get("reason"), d.get("source_offsets"),
-                   d.get("task_state"))
+                   dict(d.get("timestamps") or {}), d.get("reason"), d.get("task_state"))
 
     def to_completed(self) -> CompletedCheckpoint:
         return CompletedCheckpoint(self.checkpoint_id, dict(self.handles), self.properties,
                                    self.timestamps.get("PENDING", 0.0), self.timestamps.get("COMPLETED", 0.0),
-                                   self.source_offsets, self.task_state)
+                                   self.task_state)
 
 
 def encode_record(body: Mapping[str, Any]) -> bytes:

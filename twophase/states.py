@@ -4,12 +4,13 @@ Checkpoint states (one record per checkpoint id in the transaction log)::
 
         trigger            all tasks acked,              every handle
     ∅ ──────────► PENDING ──record durable──► COMPLETED ──committed──► COMMITTED
-                     │                                                  (final)
-                     │ decline / timeout / subsumed / task failure
-                     ▼
-                  ABORTED ──► PENDING   (only a re-run of the same checkpoint id,
-                  (final for            which Spark does when a batch failed)
-                   its attempt)
+    │                │                                                  (final)
+    │                │ decline / timeout / subsumed / task failure
+    │                ▼
+    └─Spark abort─► ABORTED ──► PENDING   (only a re-run of the same checkpoint id,
+      of a batch   (final for            which Spark does when a batch failed)
+      with no       its attempt)
+      record)
 
 A COMPLETED checkpoint is never aborted: once the decision is durable it is
 committed, on recovery if need be (invariant 1 of :mod:`twophase.coordinator`).
@@ -25,6 +26,17 @@ Transaction states (one per sink transaction, i.e. per task and checkpoint)::
     OPEN ──pre_commit──► PRE_COMMITTED ──commit──► COMMITTED
       │                        │
       └────────abort───────────┴──abort──► ABORTED
+
+In-memory state of a :class:`~twophase.checkpoint.PendingCheckpoint` (the coordinator's collector of
+acks for one attempt; "disposed" is COMPLETED or ABORTED, after which every ack is DISCARDED)::
+
+                 every expected task acked
+    COLLECTING ────────finalize()────────► COMPLETED (disposed)
+         │
+         └──────────abort()──────────────► ABORTED   (disposed)
+
+What the coordinator does on each event, given a checkpoint's state, is one pure function beside
+these tables: :func:`twophase.decisions.decide` (its module docstring has the decision table).
 
 Every move goes through :func:`check_transition`, which raises
 :class:`~twophase.errors.InvalidTransitionError` for anything not in the tables.
@@ -68,11 +80,30 @@ class TransactionState(str, enum.Enum):
     ABORTED = "ABORTED"
 
 
-State = Union[CheckpointState, TransactionState]
+class PendingState(str, enum.Enum):
+    """In-memory state of a :class:`~twophase.checkpoint.PendingCheckpoint` (never written to the log)."""
+
+    #: taking acks from the expected tasks
+    COLLECTING = "COLLECTING"
+    #: finalized into a CompletedCheckpoint (disposed)
+    COMPLETED = "COMPLETED"
+    #: aborted: declined, expired, subsumed, or a task missing (disposed)
+    ABORTED = "ABORTED"
+
+    @property
+    def is_disposed(self) -> bool:
+        """True once the checkpoint takes no more acks: COMPLETED or ABORTED."""
+        return self is not PendingState.COLLECTING
+
+
+State = Union[CheckpointState, TransactionState, PendingState]
 
 #: Allowed checkpoint moves; ``None`` is "no record yet".
 CHECKPOINT_TRANSITIONS: dict[Optional[CheckpointState], frozenset[CheckpointState]] = {
-    None: frozenset({CheckpointState.PENDING}),
+    # ABORTED directly: Spark aborts a batch this sink has no record of (its tasks failed before any
+    # commit call). The old way hopped through PENDING to get there; the record is the same, and the
+    # write is still a compare-and-swap against "absent" (log invariant 7). See twophase.decisions.
+    None: frozenset({CheckpointState.PENDING, CheckpointState.ABORTED}),
     CheckpointState.PENDING: frozenset({CheckpointState.COMPLETED, CheckpointState.ABORTED}),
     CheckpointState.COMPLETED: frozenset({CheckpointState.COMMITTED, CheckpointState.LOST}),
     CheckpointState.COMMITTED: frozenset(),
@@ -91,9 +122,25 @@ TRANSACTION_TRANSITIONS: dict[Optional[TransactionState], frozenset[TransactionS
 }
 
 
+#: Allowed moves of a PendingCheckpoint; ``None`` is "not created yet". Both ends are disposed.
+PENDING_CHECKPOINT_TRANSITIONS: dict[Optional[PendingState], frozenset[PendingState]] = {
+    None: frozenset({PendingState.COLLECTING}),
+    PendingState.COLLECTING: frozenset({PendingState.COMPLETED, PendingState.ABORTED}),
+    PendingState.COMPLETED: frozenset(),
+    PendingState.ABORTED: frozenset(),
+}
+
+#: The table of each kind of state.
+TABLES: dict[type, dict] = {
+    CheckpointState: CHECKPOINT_TRANSITIONS,
+    TransactionState: TRANSACTION_TRANSITIONS,
+    PendingState: PENDING_CHECKPOINT_TRANSITIONS,
+}
+
+
 def is_transition_valid(source: Optional[State], target: State) -> bool:
     """Whether the protocol allows moving from ``source`` (None: nothing yet) to ``target``."""
-    table: dict = CHECKPOINT_TRANSITIONS if isinstance(target, CheckpointState) else TRANSACTION_TRANSITIONS
+    table: dict = TABLES[type(target)]
     if source is not None and type(source) is not type(target):
         return False
     return target in table.get(source, frozenset())

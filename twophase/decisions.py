@@ -1,0 +1,334 @@
+"""What the checkpoint coordinator does, as one pure function: ``decide(event, state, facts) -> actions``.
+
+Beside the state tables (:mod:`twophase.states`): the tables say which moves of a record are allowed,
+this module says which moves (and sink calls) the coordinator makes. :func:`decide` does no I/O and
+reads no clock: ``state`` is the checkpoint's record state in the log (None: no record) and
+:class:`Facts` are plain values the caller read before asking. Every entry point of
+:class:`~twophase.coordinator.CheckpointCoordinator` asks :func:`decide` and hands the actions to its
+executor, the only place that calls the sink or writes the log. So the whole protocol is the table
+below, and the table is tested pair by pair without a sink or a log (``tests/test_decisions.py``).
+
+Handles an action acts on: ACKED are the handles the event brings (a call's acks, or a pending
+checkpoint's acked handles); UNRECORDED are those of them that are not among the record's handles
+(a decided checkpoint's own handles are committed, never aborted: coordinator invariant 1); RECORDED
+are the record's own handles (a PENDING record found at recovery).
+
+Decision table (``∅``: no record; ``—``: nothing to do; actions run in order; an Outcome or a Refuse
+ends the list; a ``[fact]`` splits a cell)::
+
+    event               state                          actions
+    ------------------  -----------------------------  -----------------------------------------------------
+    TRIGGER             ∅, ABORTED                     WritePending
+    (runtime, step 1)   PENDING, COMPLETED,            Refuse(-> PENDING)
+                        COMMITTED, LOST
+    ACK_REJECTED        any [redelivered]              —   (the very handle the checkpoint took)
+    (step 2)            COMPLETED, COMMITTED           AbortHandles(UNRECORDED)
+                        ∅, PENDING, ABORTED, LOST      AbortHandles(ACKED)          (invariant 4)
+    ACKS_COMPLETE       PENDING                        WriteCompleted, CommitUpTo   (steps 3-4, invariant 1)
+    (step 3)            ∅, COMPLETED, COMMITTED,       Refuse(-> COMPLETED)
+                        ABORTED, LOST
+    NOTIFY_COMPLETE     COMPLETED                      CommitHandles(recovering=[older]), WriteCommitted
+    (step 4, each       PENDING [older]                WriteAborted("subsumed by checkpoint n"): an orphan
+    unfinished record   PENDING [not older]            —
+    <= n)               ∅, COMMITTED, ABORTED, LOST    —
+    CLEAN_UP            any [sweep_after_commit]       Sweep(best effort), Prune
+    (step 5b)           any [not sweep_after_commit]   Prune
+    ABORT               PENDING                        AbortHandles(ACKED), WriteAborted(reason)
+    (decline, timeout,  ∅, ABORTED                     AbortHandles(ACKED)
+    subsumed, task      COMPLETED, COMMITTED, LOST     AbortHandles(UNRECORDED)     (never the decided ones)
+    missing, job end)
+    RECOVER             COMPLETED                      CommitHandles(recovering), WriteCommitted
+    (invariant 5, each  PENDING                        AbortHandles(RECORDED, recovering),
+    unfinished record)                                 WriteAborted("aborted at recovery")
+                        ∅, COMMITTED, ABORTED, LOST    —
+    RECOVERY_SWEEP      any [a highest committed id]   Sweep(up to it)  (errors propagate; ids above it
+                        any [none committed]           —                 may be re-attempted right now)
+    BATCH_COMMIT        ∅ [below highest]              AbortHandles(ACKED), Outcome(ALREADY_COMMITTED)
+    (Spark: trigger,                                   (committed, then pruned: invariant 2)
+    acks and            ∅ [not below highest]          WritePending, CheckSuperseded, TakeAcks
+    complete at once)   ABORTED                        WritePending, TakeAcks       (a re-run of the id)
+                        PENDING                        TakeAcks
+                        COMPLETED                      AbortHandles(UNRECORDED), CommitUpTo, Outcome(RECOVERED)
+                        COMMITTED                      AbortHandles(UNRECORDED), [sweep_after_commit]
+                                                       Sweep(best effort), Outcome(ALREADY_COMMITTED)
+                        LOST                           AbortHandles(UNRECORDED), Outcome(ALREADY_COMMITTED)
+    SUPERSEDED_CHECK    PENDING [below highest]        WriteAborted("checkpoint h was committed meanwhile
+    (after BATCH_COMMIT                                by another driver"), AbortHandles(ACKED),
+    created the record;                                Outcome(ALREADY_COMMITTED)   (log invariant 7)
+    fresh highest)      PENDING [not below highest]    —   (go on: TakeAcks)
+                        ∅, COMPLETED, COMMITTED,       —   (not asked: the call just wrote PENDING)
+                        ABORTED, LOST
+    SPARK_ABORT_BATCH   ∅ [below highest]              AbortHandles(ACKED)   (no record: one would reopen it)
+                        ∅ [not below highest]          AbortHandles(ACKED), WriteAborted(reason)
+                        PENDING                        AbortHandles(ACKED), WriteAborted(reason)
+                        ABORTED, COMPLETED,            AbortHandles(UNRECORDED)
+                        COMMITTED, LOST
+    QUERY_MISMATCH      any                            AbortHandles(ACKED)   (then QueryMismatchError:
+                                                                              invariant 6)
+    RESOLVE_LOST        COMPLETED                      WriteLost(reason)     (invariant 7, by an operator)
+    (operator)          ∅, PENDING, COMMITTED,         RefuseResolve
+                        ABORTED, LOST
+
+``TakeAcks`` hands the acks to a fresh PendingCheckpoint (in memory); each rejected ack is an
+ACK_REJECTED event, a missing one an ABORT event (then CheckpointDeclinedError), and a full set the
+ACKS_COMPLETE event (Outcome COMMITTED). ``CommitUpTo`` is ``notify_checkpoint_complete(id)``: a
+NOTIFY_COMPLETE event per unfinished record <= id, then CLEAN_UP. ``CheckSuperseded`` reads the highest
+committed id afresh and asks SUPERSEDED_CHECK.
+
+Spark's abort of a batch with no record writes ABORTED directly (``∅ -> ABORTED`` in
+:data:`~twophase.states.CHECKPOINT_TRANSITIONS`): the record that results is the one the old
+``∅ -> PENDING -> ABORTED`` hop left, and log invariant 7 holds the same way (the write is a
+compare-and-swap against "absent", so a record another driver created meanwhile is never replaced),
+while log invariant 6 is untouched (ABORTED is finished). Recording nothing was the other choice; it
+would lose the abort's reason from ``twophase log inspect``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Optional, Union
+
+from twophase.states import CheckpointState
+
+S = CheckpointState
+
+
+class CommitOutcome(str, enum.Enum):
+    """What :meth:`~twophase.coordinator.CheckpointCoordinator.complete_batch` did. A str, so
+    ``outcome == "COMMITTED"`` holds and ``str()`` / f-strings give the bare value."""
+
+    #: this call completed and committed the checkpoint
+    COMMITTED = "COMMITTED"
+    #: the log had it COMMITTED (or pruned below the highest committed id) or LOST: nothing committed again
+    ALREADY_COMMITTED = "ALREADY_COMMITTED"
+    #: the log had it COMPLETED (decided by an earlier call): its recorded handles were committed
+    RECOVERED = "RECOVERED"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+class Event(str, enum.Enum):
+    """What happened to one checkpoint id (see the table in the module docstring)."""
+
+    TRIGGER = "TRIGGER"
+    ACK_REJECTED = "ACK_REJECTED"
+    ACKS_COMPLETE = "ACKS_COMPLETE"
+    NOTIFY_COMPLETE = "NOTIFY_COMPLETE"
+    CLEAN_UP = "CLEAN_UP"
+    ABORT = "ABORT"
+    RECOVER = "RECOVER"
+    RECOVERY_SWEEP = "RECOVERY_SWEEP"
+    BATCH_COMMIT = "BATCH_COMMIT"
+    SUPERSEDED_CHECK = "SUPERSEDED_CHECK"
+    SPARK_ABORT_BATCH = "SPARK_ABORT_BATCH"
+    QUERY_MISMATCH = "QUERY_MISMATCH"
+    RESOLVE_LOST = "RESOLVE_LOST"
+
+
+@dataclass(frozen=True)
+class Facts:
+    """Plain values the caller read before asking; each event reads only the ones it names."""
+
+    #: BATCH_COMMIT, SUPERSEDED_CHECK, SPARK_ABORT_BATCH: the id is below the highest COMMITTED id
+    #: (with no record: it was committed, then pruned)
+    below_highest: bool = False
+    #: RECOVERY_SWEEP: the highest committed id (None: none); SUPERSEDED_CHECK: for the reason
+    highest_committed: Optional[int] = None
+    #: NOTIFY_COMPLETE: the record's id is below the notified one (so it is committed as a recovery)
+    older: bool = False
+    #: NOTIFY_COMPLETE: the notified id (for the reason of an orphan PENDING record)
+    notified: Optional[int] = None
+    #: ACK_REJECTED: the handle is the very one the pending checkpoint already accepted (a redelivery)
+    redelivered: bool = False
+    #: CLEAN_UP, BATCH_COMMIT: the coordinator sweeps lingering transactions right after a commit
+    sweep_after_commit: bool = True
+    #: ABORT, SPARK_ABORT_BATCH, RESOLVE_LOST: the caller's reason
+    reason: Optional[str] = None
+
+
+class Handles(str, enum.Enum):
+    """Which handles an :class:`AbortHandles` acts on (see the module docstring)."""
+
+    ACKED = "ACKED"
+    UNRECORDED = "UNRECORDED"
+    RECORDED = "RECORDED"
+
+
+# ---- actions (what the executor does, in order)
+
+
+@dataclass(frozen=True)
+class WritePending:
+    """Record PENDING (a first attempt, or a re-attempt of an ABORTED id)."""
+
+
+@dataclass(frozen=True)
+class WriteCompleted:
+    """Record COMPLETED with every handle: the durable decision (fault points before/after_complete)."""
+
+
+@dataclass(frozen=True)
+class WriteCommitted:
+    """Record COMMITTED (after the sink committed every handle)."""
+
+
+@dataclass(frozen=True)
+class WriteAborted:
+    reason: str
+
+
+@dataclass(frozen=True)
+class WriteLost:
+    reason: str
+
+
+@dataclass(frozen=True)
+class CommitHandles:
+    """Commit the record's handles through the sink (a DataLossError stops, with the operator's command)."""
+
+    recovering: bool
+
+
+@dataclass(frozen=True)
+class AbortHandles:
+    which: Handles
+    recovering: bool = False
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """Abort the sink's lingering transactions up to ``up_to`` (None: this checkpoint's id).
+    ``best_effort``: a failure is logged, never raised (the data is committed already)."""
+
+    up_to: Optional[int] = None
+    best_effort: bool = False
+
+
+@dataclass(frozen=True)
+class Prune:
+    """Apply the log's retention."""
+
+
+@dataclass(frozen=True)
+class CommitUpTo:
+    """``notify_checkpoint_complete(id)``: commit every COMPLETED checkpoint up to this one, in order."""
+
+
+@dataclass(frozen=True)
+class CheckSuperseded:
+    """Read the highest committed id afresh and ask SUPERSEDED_CHECK."""
+
+
+@dataclass(frozen=True)
+class TakeAcks:
+    """Hand the acks to a PendingCheckpoint; ends the list with its outcome."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    outcome: CommitOutcome
+
+
+@dataclass(frozen=True)
+class Refuse:
+    """The move to ``target`` is not in the table: raise InvalidTransitionError."""
+
+    target: CheckpointState
+
+
+@dataclass(frozen=True)
+class RefuseResolve:
+    """Only a COMPLETED checkpoint can be resolved as lost: raise ConfigurationError."""
+
+
+Action = Union[WritePending, WriteCompleted, WriteCommitted, WriteAborted, WriteLost, CommitHandles, AbortHandles,
+               Sweep, Prune, CommitUpTo, CheckSuperseded, TakeAcks, Outcome, Refuse, RefuseResolve]
+
+#: Every record state, with None for "no record".
+STATES: tuple[Optional[CheckpointState], ...] = (None, *CheckpointState)
+
+_DECIDED = (S.COMPLETED, S.COMMITTED, S.LOST)
+
+
+def decide(event: Event, state: Optional[CheckpointState], facts: Facts = Facts()) -> list[Action]:
+    """The actions for ``event`` on a checkpoint whose record is in ``state`` (None: no record).
+
+    Pure: no I/O, no clock; the same arguments always give the same list.
+    """
+    if state is not None and not isinstance(state, CheckpointState):
+        raise TypeError(f"state must be a CheckpointState or None, got {state!r}")
+    event = Event(event)
+    if event is Event.TRIGGER:
+        return [WritePending()] if state in (None, S.ABORTED) else [Refuse(S.PENDING)]
+    if event is Event.ACK_REJECTED:
+        if facts.redelivered:
+            return []
+        return [AbortHandles(Handles.UNRECORDED if state in (S.COMPLETED, S.COMMITTED) else Handles.ACKED)]
+    if event is Event.ACKS_COMPLETE:
+        return [WriteCompleted(), CommitUpTo()] if state is S.PENDING else [Refuse(S.COMPLETED)]
+    if event is Event.NOTIFY_COMPLETE:
+        if state is S.COMPLETED:
+            return [CommitHandles(recovering=facts.older), WriteCommitted()]
+        if state is S.PENDING and facts.older:
+            return [WriteAborted(f"subsumed by checkpoint {facts.notified}")]
+        return []
+    if event is Event.CLEAN_UP:
+        return [Sweep(best_effort=True), Prune()] if facts.sweep_after_commit else [Prune()]
+    if event is Event.ABORT:
+        if state is S.PENDING:
+            return [AbortHandles(Handles.ACKED), WriteAborted(_reason(facts))]
+        return [AbortHandles(Handles.UNRECORDED if state in _DECIDED else Handles.ACKED)]
+    if event is Event.RECOVER:
+        if state is S.COMPLETED:
+            return [CommitHandles(recovering=True), WriteCommitted()]
+        if state is S.PENDING:
+            return [AbortHandles(Handles.RECORDED, recovering=True), WriteAborted("aborted at recovery")]
+        return []
+    if event is Event.RECOVERY_SWEEP:
+        return [] if facts.highest_committed is None else [Sweep(up_to=facts.highest_committed)]
+    if event is Event.BATCH_COMMIT:
+        return _batch_commit(state, facts)
+    if event is Event.SUPERSEDED_CHECK:
+        if state is S.PENDING and facts.below_highest:
+            return [WriteAborted(f"checkpoint {facts.highest_committed} was committed meanwhile by another driver"),
+                    AbortHandles(Handles.ACKED), Outcome(CommitOutcome.ALREADY_COMMITTED)]
+        return []
+    if event is Event.SPARK_ABORT_BATCH:
+        if state is None:
+            return [AbortHandles(Handles.ACKED)] + ([] if facts.below_highest else [WriteAborted(_reason(facts))])
+        if state is S.PENDING:
+            return [AbortHandles(Handles.ACKED), WriteAborted(_reason(facts))]
+        return [AbortHandles(Handles.UNRECORDED)]
+    if event is Event.QUERY_MISMATCH:
+        return [AbortHandles(Handles.ACKED)]
+    if event is Event.RESOLVE_LOST:
+        return [WriteLost(f"data loss accepted: {facts.reason}")] if state is S.COMPLETED else [RefuseResolve()]
+    raise AssertionError(f"no decision for {event}")  # pragma: no cover - every Event is handled above
+
+
+def _batch_commit(state: Optional[CheckpointState], facts: Facts) -> list[Action]:
+    if state is None:
+        if facts.below_highest:
+            return [AbortHandles(Handles.ACKED), Outcome(CommitOutcome.ALREADY_COMMITTED)]
+        return [WritePending(), CheckSuperseded(), TakeAcks()]
+    if state is S.ABORTED:
+        return [WritePending(), TakeAcks()]
+    if state is S.PENDING:
+        return [TakeAcks()]
+    if state is S.COMPLETED:
+        return [AbortHandles(Handles.UNRECORDED), CommitUpTo(), Outcome(CommitOutcome.RECOVERED)]
+    # a re-run of a committed batch (Spark had not logged it): its own retried or crashed attempts are
+    # leftovers too, and this may be the run's last batch, so sweep now
+    sweep: list[Action] = [Sweep(best_effort=True)] if state is S.COMMITTED and facts.sweep_after_commit else []
+    return [AbortHandles(Handles.UNRECORDED), *sweep, Outcome(CommitOutcome.ALREADY_COMMITTED)]
+
+
+def _reason(facts: Facts) -> str:
+    if facts.reason is None:
+        raise ValueError("this event needs Facts.reason")
+    return facts.reason
