@@ -14,8 +14,8 @@ Invariants (``test_kafka_source_invN_*``):
 2. :meth:`KafkaSplitReader.read` yields exactly the data records with offsets in ``[start, end)``,
    skipping control records and aborted transactions, the same records on every replay.
 3. A range that cannot be read whole (records deleted by retention, a timeout) raises an error;
-   it is never silently shortened. (No test shows this yet: it needs a broker whose retention deletes
-   records under a reader; there is no ``test_kafka_source_inv3_*``.)
+   it is never silently shortened. (The test reads past the end of a partition; a broker whose
+   retention deletes records under a reader is not available here.)
 """
 
 from __future__ import annotations

@@ -175,3 +175,16 @@ def test_file_sink_unwritable_destination(tmp_path):
     blocker.write_text("x")
     with pytest.raises(ConfigurationError, match="cannot be created"):
         FileSink.from_options({"path": str(blocker / "out")}).validate_destination()
+
+
+def test_filelike_inv1_abort_drops_open_and_finished_files(tmp_path):
+    """A file-like writer that rolled files and then fails: abort removes every file it finished and
+    the one still open, and nothing was ever visible. Fails if a rolled (finished) file survives."""
+    s = FileSink.from_options({"path": str(tmp_path / "o"), "format": "json", "maxFileSize": "4k"})
+    s.validate_destination()
+    w = s.create_writer(TransactionContext(s.sink_id, 0, "0"))
+    w.write(batch(0, 2000))
+    assert w.finished and w.open_files  # some files rolled, one is open
+    w.abort()
+    assert [f for _, _, fs in os.walk(s.staging) for f in fs] == []
+    assert visible_ids(s.root, "json") == []

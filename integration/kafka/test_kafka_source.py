@@ -67,3 +67,24 @@ def test_kafka_source_inv1_end_stops_at_last_stable_offset(kafka_bootstrap):
     finally:
         open_txn.close()
         source.close()
+
+
+def test_kafka_source_inv3_a_range_that_cannot_be_read_whole_raises_never_shortens(kafka_bootstrap):
+    """A split whose end lies past what the broker can serve (here: offsets that do not exist, as after
+    a topic was recreated or records were deleted under a planned batch) must fail the read with an
+    error naming the range; it must never return the shorter range as if it were whole. Fails if the
+    reader returns normally with fewer records than ``end - start``."""
+    from twophase.errors import TransientSinkError
+    from twophase.sources._kafka_offsets import KafkaSplit
+    topic = create_topic(kafka_bootstrap, unique("short"), 1)
+    produce(kafka_bootstrap, topic, [b"r%d" % i for i in range(5)], partitions=1)
+    source = KafkaSource.from_options({"kafka.bootstrap.servers": kafka_bootstrap, "subscribe": topic,
+                                       "startingOffsets": "earliest", "pollTimeoutMs": "2000"})
+    try:
+        got = []
+        with pytest.raises(TransientSinkError, match=r"\[0, 9\) stopped at 5"):
+            for batch in source.reader().read(KafkaSplit(topic, 0, 0, 9)):
+                got += batch.to_pydict()["offset"]
+        assert len(got) < 9  # what was read before the error is discarded with the failed task
+    finally:
+        source.close()
