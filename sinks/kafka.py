@@ -1,25 +1,34 @@
 """Exactly-once Kafka sink: one Kafka transaction per writer partition and checkpoint, committed by the driver.
 
+The connector's parts (:mod:`twophase.sink`): :class:`KafkaSink` is the spec (options, validation,
+the prefix claim, the timeout alarm, the log's location, the shared admin client);
+:class:`KafkaWriter` holds one task attempt's producer and transaction (steps 1-3);
+:class:`KafkaCommitter` ends transactions from the driver (steps 4-5); :class:`KafkaCommittable` is
+the prepared transaction's handle.
+
 Protocol (``# step N`` in the code):
 
-1. begin (executor): pick the task's transactional id (see below: a slot probed with
+1. begin (executor, when the writer is created): pick the task's transactional id (see below: a slot probed with
    DescribeTransactions, never one with an open transaction); ``init_transactions`` on it;
    ``begin_transaction``.
 2. write (executor): every row becomes a record (columns ``key``, ``value``, ``topic``, ``partition``,
    ``headers`` as in Spark's Kafka sink); every send gets a callback that counts its acknowledgement.
-3. pre_commit (executor): ``flush``; every record sent must be acknowledged (invariant 6), and the id
-   must still be ours (DescribeTransactions: Ongoing with our producer id and epoch); the handle is
-   ``{transactional_id, producer_id, epoch, partitions: [{topic, partition, first_offset, last_offset,
-   records}], records}``. The task ends WITHOUT committing or aborting: the transaction stays open.
-4. commit (driver): ``EndTxn(commit)`` carrying the handle's id, producer id and epoch, sent by the
-   driver's own connection (see :mod:`twophase.sinks._kafka_txn`); handles are committed in parallel and the
-   coordinator records COMMITTED in the log. The handle's measured age is checked (invariant 7).
+3. prepare_commit (executor): ``flush``; every record sent must be acknowledged (invariant 6), and the
+   id must still be ours (DescribeTransactions: Ongoing with our producer id and epoch); the
+   committable (:class:`KafkaCommittable`) carries ``transactional_id, producer_id, epoch, partitions:
+   [{topic, partition, first_offset, last_offset, records}], records``. The task ends WITHOUT
+   committing or aborting: the transaction stays open.
+4. commit (driver): ``EndTxn(commit)`` carrying the committable's id, producer id and epoch, sent by the
+   driver's own connection (see :mod:`twophase.sinks._kafka_txn`); committables are committed in
+   parallel (``commitParallelism``) and the coordinator records COMMITTED in the log. The
+   committable's measured age is checked (invariant 7).
 5. abort / recovery (driver): ``EndTxn(abort)``; at start-up (prepare_sink) the broker must accept
    ``kafka.transaction.timeout.ms`` (else a ConfigurationError naming it and the broker's
    ``transaction.max.timeout.ms``), COMPLETED checkpoints are committed, then open transactions under
    the prefix are fenced (ListTransactions where the broker has it, else every id of the known id
    space: tasks seen in the log x generations x slots) -- only those of the generation of the highest
-   COMMITTED checkpoint, because prepare_sink also runs in the commit worker right before the next
+   COMMITTED checkpoint (``highest_committed``, which the coordinator passes to
+   ``abort_lingering``), because prepare_sink also runs in the commit worker right before the next
    checkpoint's commit, whose transactions (the other generation) must survive; the next sweep of
    that generation (after that checkpoint commits) fences the rest.
 
@@ -35,18 +44,20 @@ is open the task fails (retried by Spark) naming ``transactionalIdAttempts``. Th
 
 Invariants (``test_kafka_sink_invN_*``):
 
-1. Nothing a task writes is visible to read_committed readers before the driver commits its handle.
-2. ``commit`` is idempotent: a repeated EndTxn with the same epoch succeeds; if the epoch was fenced
-   or the broker ended the transaction, the records are looked up with a read_committed reader:
-   visible means committed before, otherwise :class:`~twophase.errors.DataLossError` naming the
-   checkpoint, transactional id, partitions and the operator command
-   ``twophase log resolve <log> --checkpoint N --accept-loss``. Never silently dropped.
+1. Nothing a task writes is visible to read_committed readers before the driver commits its committable.
+2. ``commit`` is idempotent: a repeated EndTxn with the same epoch succeeds (COMMITTED: the broker
+   answers it as the first); if the epoch was fenced or the broker ended the transaction, the
+   records are looked up with a read_committed reader: visible is ALREADY_COMMITTED, otherwise LOST
+   with a detail naming the checkpoint, transactional id, partitions and the operator command
+   ``twophase log resolve <log> --checkpoint N --accept-loss`` (the coordinator stops with
+   :class:`~twophase.errors.DataLossError`). Never silently dropped. Transient errors (coordinator
+   moving, unreachable) raise, and the commit is retried.
 3. ``abort`` never touches committed records (the broker refuses to abort a committed epoch; noida-db
    answers success to an abort after commit and keeps the records). Needs a broker: shown by
    ``integration/kafka/test_kafka_sink.py::test_kafka_sink_inv1_inv2_inv3_driver_commits_after_writer_exited_repeat_and_abort_keep_data``
    (an abort after the commit, read back with read_committed).
-4. No attempt initialises a transactional id whose transaction may still be committed. A handle
-   exists only for a transaction that was Ongoing with records at pre_commit (checked then), and an
+4. No attempt initialises a transactional id whose transaction may still be committed. A committable
+   exists only for a transaction that was Ongoing with records at prepare_commit (checked then), and an
    Ongoing id is never initialised by a probing attempt; so attempts of one partition and checkpoint
    (retries, speculative copies, a resubmitted stage whose attemptNumber restarted at 0, a runtime
    task with checkpoints c and c+2 in flight) never abort each other's prepared transaction. The
@@ -54,11 +65,11 @@ Invariants (``test_kafka_sink_invN_*``):
    makes it Ongoing, and B initialises k only after A pre-committed -- needs B to stall between two
    consecutive requests for A's whole task AND taskAttemptIds congruent mod slots; B then sees an
    epoch it did not expect (``transactional_id_race``, the task fails) and the driver's commit of
-   A raises DataLossError: loud, never silent. Without DescribeTransactions (Kafka < 3.0) the slot
+   A is LOST (DataLossError): loud, never silent. Without DescribeTransactions (Kafka < 3.0) the slot
    is ``taskAttemptId mod slots`` unprobed. A fenced producer never un-fences itself (no
    client-side KIP-360 epoch bump). ``abort_lingering(n)`` fences only ids of generation
    ``min(n, highest COMMITTED) mod 2`` and, in the embedded runtime (one process), never an id this
-   sink object began for a checkpoint ``> n`` that is not decided yet (with max_concurrent >= 2,
+   sink object's writers began for a checkpoint ``> n`` that is not decided yet (with max_concurrent >= 2,
    checkpoint n+2 has n's generation).
 5. A transactional prefix belongs to one query (its checkpoint location): a second one is refused.
    The claim is a write-once ``owner.json`` under ``<prefixRegistry>/<cluster>/<prefix>``; the
@@ -68,11 +79,11 @@ Invariants (``test_kafka_sink_invN_*``):
    against the driver's working directory). With a local log it is
    ``$TWOPHASE_STATE_DIR/kafka-prefixes`` (or ``~/.twophase/kafka-prefixes``): on a cluster, put the
    checkpoint (or ``log.location``) on S3 or a shared filesystem, and ``prefixRegistry`` with it.
-6. Every record sent is accounted for: pre_commit fails the task (TransientSinkError, the
+6. Every record sent is accounted for: prepare_commit fails the task (TransientSinkError, the
    transaction is aborted) unless every send was acknowledged -- a batch whose
    ``delivery.timeout.ms`` expired mid-task while later ones succeeded is never committed short.
 7. ``kafka.transaction.timeout.ms`` defaults to 1 hour (Flink's default; raise the brokers'
-   ``transaction.max.timeout.ms``, Kafka's default is 15 min). At commit, a handle older than 25 % of
+   ``transaction.max.timeout.ms``, Kafka's default is 15 min). At commit, a committable older than 25 % of
    the timeout logs ``transaction_near_timeout``; older than 50 % (the batch took half the time the
    broker gives it: one driver outage of the same length and it expires) it is still committed, and
    the next batch is refused at prepare_sink, before it writes, with an error naming the measured
@@ -82,6 +93,16 @@ Invariants (``test_kafka_sink_invN_*``):
    S3; a store of its own, whose lock a commit can take while the coordinator holds the log's),
    written and cleared by compare-and-swap, so a driver restarted on another host still sees it;
    nothing of it is on the driver host's disk.
+
+Where the sink still reads its transaction log (the coordinator alone writes states; it passes
+``highest_committed`` to ``abort_lingering``, so the sweep reads no state):
+
+- :meth:`KafkaSink._check_age_alarm` (validate_destination, before any coordinator exists): whether
+  a COMPLETED checkpoint awaits recovery, so that the alarm never blocks the recovery that commits it.
+- :meth:`KafkaCommitter._known_id_space`, only where the broker cannot ListTransactions (Kafka < 3.0):
+  the task ids of the log's handles are the only record of which ids were used under the prefix.
+- The prefix registry (invariant 5) is a :class:`~twophase.log.TransactionLog` of its own (its
+  write-once owner claim), not the sink's log; the alarm is an object of a store of its own.
 """
 
 from __future__ import annotations
@@ -95,7 +116,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Collection, Mapping, Optional
+from typing import Any, ClassVar, Mapping, Optional, TypedDict
 
 import pyarrow as pa
 
@@ -103,11 +124,12 @@ from twophase.sinks._kafka_config import kafka_python_config
 from twophase.sinks.s3 import S3_CLIENT_OPTIONS, s3_config_from
 from twophase._logging import get_logger
 from twophase._redact import is_secret_name, redact_text, redact_values, safe_repr
-from twophase.errors import ConcurrentWriterError, ConfigurationError, DataLossError, FencedError, TransientSinkError
+from twophase.errors import ConcurrentWriterError, ConfigurationError, FencedError, TransientSinkError
 from twophase.log import LogStore, TransactionLog, decode_record, encode_record
 from twophase.log_s3 import S3_SCHEMES, S3Config, open_log_store, parse_s3_url
 from twophase.options import Option, parse_duration_ms, parse_positive_int, parse_options
-from twophase.sink import Guarantee, TransactionContext, TwoPhaseCommitSink
+from twophase.sink import (Committable, CommitResult, CommitStatus, Guarantee, SinkCommitter, SinkSpec, SinkWriter,
+                           TransactionContext)
 
 _log = get_logger(__name__)
 
@@ -325,8 +347,42 @@ def _as_bytes(values: list[Any]) -> list[Optional[bytes]]:
     return [v.encode() if isinstance(v, str) else v for v in values]
 
 
-class KafkaSink(TwoPhaseCommitSink[dict, KafkaTransaction]):
-    """Exactly-once (Kafka transactions, driver commit) or at-least-once (idempotent producer) Kafka writes."""
+class KafkaPartition(TypedDict):
+    """One topic-partition a transaction wrote: the offsets acknowledged and how many records."""
+
+    topic: str
+    partition: int
+    first_offset: Optional[int]
+    last_offset: Optional[int]
+    records: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class KafkaCommittable(Committable):
+    """A prepared Kafka transaction: what the driver needs to EndTxn it (invariant 2) and to judge its age (7).
+
+    Exactly the keys of the handle dict earlier versions wrote (``"sink": "kafka"`` and the fields
+    below), so their logs still decode; every field beyond the base ones has a default.
+    ``transactional_id``, ``producer_id`` and ``epoch`` are None for at-least-once (no transaction).
+    """
+
+    kind: ClassVar[str] = "kafka"
+    guarantee: str = Guarantee.EXACTLY_ONCE.value
+    transactional_id: Optional[str] = None
+    partitions: list[KafkaPartition] = field(default_factory=list)
+    #: wall-clock time (s) the transaction began, and the transaction timeout it runs with (invariant 7)
+    began_at: Optional[float] = None
+    timeout_ms: Optional[int] = None
+    producer_id: Optional[int] = None
+    epoch: Optional[int] = None
+
+
+class KafkaSink(SinkSpec[KafkaCommittable]):
+    """Exactly-once (Kafka transactions, driver commit) or at-least-once (idempotent producer) Kafka writes.
+
+    The spec: options, validation, the prefix claim, the timeout alarm, the log, the shared admin
+    client (created lazily, process-wide, never pickled). :class:`KafkaWriter` writes on executors,
+    :class:`KafkaCommitter` commits on the driver."""
 
     #: a losing attempt's open transaction holds back read_committed consumers: fence it right after
     #: the commit, not only at the next micro-batch's recovery
@@ -337,9 +393,9 @@ class KafkaSink(TwoPhaseCommitSink[dict, KafkaTransaction]):
         self.sink_id = options.sink_id
         self.guarantee = options.guarantee
         self.prefix = options.transactional_id_prefix
-        self.commit_parallelism = options.commit_parallelism
-        # invariant 4 (embedded runtime): ids this object began and whose handle is not decided yet,
-        # -> (checkpoint id, epoch); never pickled (a Spark executor's copy knows only its own)
+        # invariant 4 (embedded runtime, where the writers and the committer share this spec object):
+        # ids its writers began and whose committable is not decided yet, -> (checkpoint id, epoch);
+        # never pickled (a Spark executor's copy knows only its own)
         self._live: dict[str, tuple[int, int]] = {}
         self._live_lock = threading.Lock()
 
@@ -375,26 +431,10 @@ class KafkaSink(TwoPhaseCommitSink[dict, KafkaTransaction]):
         slots = self.options.attempt_slots
         return [self.transactional_id(context.task_id, context.checkpoint_id, (uid + i) % slots) for i in range(slots)]
 
-    def _choose_id(self, context: TransactionContext) -> tuple[str, Any]:
-        """Invariant 4: the first candidate id with no open transaction, and what the probe saw of it
-        (``None``: unknown id; ``False``: the broker cannot describe, so no probe)."""
-        candidates = self._candidate_ids(context)
-        states = self._client().describe(candidates)
-        if states is None:
-            return candidates[0], False
-        idle = [t for t in candidates if states[t] is None or states[t].state != "Empty" and not states[t].is_open]
-        empty = [t for t in candidates if states[t] is not None and states[t].state == "Empty"]
-        for tid in idle + empty:
-            return tid, states[tid]
-        raise TransientSinkError(
-            f"{SINK}: every transactional id slot of task {context.task_id} for checkpoint {context.checkpoint_id} "
-            f"has an open transaction ({', '.join(candidates)}); they may hold prepared data, so none is "
-            f"re-initialised. Raise option 'transactionalIdAttempts' (now {self.options.attempt_slots}); lingering "
-            "ones are aborted once a checkpoint of that generation commits")
-
     # ---- driver-side set-up
 
     def _client(self) -> Any:
+        """The process-wide admin connection for these connection settings (lazily created, never pickled)."""
         from twophase.sinks._kafka_txn import shared_client
         return shared_client(self.options.connection_config())
 
@@ -462,9 +502,9 @@ class KafkaSink(TwoPhaseCommitSink[dict, KafkaTransaction]):
                 return True
         return False
 
-    def _raise_alarm(self, handle: Mapping[str, Any], age_ms: float, timeout: Any) -> None:
+    def _raise_alarm(self, committable: "KafkaCommittable", age_ms: float, timeout: Any) -> None:
         alarm = {"sink_id": self.sink_id, "transactional_id_prefix": self.prefix,
-                 "checkpoint_id": handle.get("checkpoint_id"), "transactional_id": handle.get("transactional_id"),
+                 "checkpoint_id": committable.checkpoint_id, "transactional_id": committable.transactional_id,
                  "age_ms": round(age_ms), "transaction_timeout_ms": timeout, "at": time.time(),
                  "host": socket.gethostname()}
         store = None
@@ -475,7 +515,7 @@ class KafkaSink(TwoPhaseCommitSink[dict, KafkaTransaction]):
             error: Any = "the alarm object stayed contended"
         except Exception as e:  # the commit itself must go on: its transaction is already old
             error = repr(e)
-        _log.error("timeout_alarm_not_recorded", sink_id=self.sink_id, checkpoint_id=handle.get("checkpoint_id"),
+        _log.error("timeout_alarm_not_recorded", sink_id=self.sink_id, checkpoint_id=committable.checkpoint_id,
                    alarm=None if store is None else self._alarm_uri(store), error=error,
                    hint="the next batch will not be refused; raise kafka.transaction.timeout.ms")
 
@@ -521,6 +561,9 @@ class KafkaSink(TwoPhaseCommitSink[dict, KafkaTransaction]):
                 _log.info("timeout_alarm_cleared", sink_id=self.sink_id, age_ms=age_ms, transaction_timeout_ms=timeout,
                           alarm=where)
             return
+        # The spec reads the log's states here, and only here: whether a COMPLETED checkpoint awaits
+        # recovery. This check runs in validate_destination, before the coordinator exists (prepare_sink
+        # validates, then recovers), so no coordinator can pass the fact; it reads, never writes.
         with contextlib.suppress(Exception):
             from twophase.states import CheckpointState
             if any(r.state is CheckpointState.COMPLETED for r in self.transaction_log().unfinished()):
@@ -589,7 +632,57 @@ class KafkaSink(TwoPhaseCommitSink[dict, KafkaTransaction]):
         return TransactionLog(open_log_store(self.log_location(), self.options.s3), self.sink_id,
                               retain=self.options.log_retain)
 
-    # ---- executor side (steps 1-3)
+    # ---- invariant 4: ids begun by writers of this process (shared by its writers and committers)
+
+    def _forget(self, transactional_id: Optional[str], epoch: Optional[int] = None) -> None:
+        """The id's transaction is decided (or never prepared): no longer protected from sweeps."""
+        if transactional_id is None:
+            return
+        with self._live_lock:
+            live = self._live.get(transactional_id)
+            if live is not None and (epoch is None or live[1] == epoch):
+                del self._live[transactional_id]
+
+    def _remember(self, transactional_id: str, checkpoint_id: int, epoch: int) -> None:
+        """A writer of this process began ``transactional_id`` for ``checkpoint_id``: protect it from sweeps
+        of older checkpoints until its committable is decided (invariant 4, embedded runtime)."""
+        with self._live_lock:
+            self._live[transactional_id] = (checkpoint_id, epoch)
+
+    def _live_above(self, checkpoint_id: int) -> set[str]:
+        """Ids this process began for checkpoints ``> checkpoint_id`` that are not decided yet."""
+        with self._live_lock:
+            return {tid for tid, (cid, _epoch) in self._live.items() if cid > checkpoint_id}
+
+    # ---- the writer and the committer
+
+    def create_writer(self, context: TransactionContext) -> "KafkaWriter":
+        return KafkaWriter(self, context)
+
+    def create_committer(self) -> "KafkaCommitter":
+        return KafkaCommitter(self)
+
+
+class KafkaWriter(SinkWriter[KafkaCommittable]):
+    """Task side (steps 1-3): one producer and its Kafka transaction, for one task attempt and checkpoint.
+
+    The transaction begins when the writer is created (step 1); ``transaction`` may be given instead,
+    already begun (tests drive a writer over a fake producer)."""
+
+    def __init__(self, sink: KafkaSink, context: TransactionContext, *,
+                 transaction: Optional[KafkaTransaction] = None) -> None:
+        super().__init__(context)
+        self.sink = sink
+        self.options = sink.options
+        self.txn = transaction if transaction is not None else self._begin(context)
+
+    @property
+    def transactional_id(self) -> Optional[str]:
+        return self.txn.transactional_id
+
+    @property
+    def producer(self) -> Any:
+        return self.txn.producer
 
     def _producer(self, transactional_id: Optional[str]) -> Any:
         from kafka import KafkaProducer
@@ -610,10 +703,27 @@ class KafkaSink(TwoPhaseCommitSink[dict, KafkaTransaction]):
             raise TransientSinkError(f"{SINK}: cannot create a producer for {','.join(self.options.bootstrap_servers)}: "
                                      f"{type(e).__name__}: {redact_values(redact_text(str(e)), secrets)}") from e
 
-    def begin_transaction(self, context: TransactionContext) -> KafkaTransaction:
-        if self.guarantee is Guarantee.AT_LEAST_ONCE:
+    def _choose_id(self, context: TransactionContext) -> tuple[str, Any]:
+        """Invariant 4: the first candidate id with no open transaction, and what the probe saw of it
+        (``None``: unknown id; ``False``: the broker cannot describe, so no probe)."""
+        candidates = self.sink._candidate_ids(context)
+        states = self.sink._client().describe(candidates)
+        if states is None:
+            return candidates[0], False
+        idle = [t for t in candidates if states[t] is None or states[t].state != "Empty" and not states[t].is_open]
+        empty = [t for t in candidates if states[t] is not None and states[t].state == "Empty"]
+        for tid in idle + empty:
+            return tid, states[tid]
+        raise TransientSinkError(
+            f"{SINK}: every transactional id slot of task {context.task_id} for checkpoint {context.checkpoint_id} "
+            f"has an open transaction ({', '.join(candidates)}); they may hold prepared data, so none is "
+            f"re-initialised. Raise option 'transactionalIdAttempts' (now {self.options.attempt_slots}); lingering "
+            "ones are aborted once a checkpoint of that generation commits")
+
+    def _begin(self, context: TransactionContext) -> KafkaTransaction:  # step 1
+        if self.sink.guarantee is Guarantee.AT_LEAST_ONCE:
             return KafkaTransaction(context, None, self._producer(None), time.time())
-        tid, seen = self._choose_id(context)  # step 1 (invariant 4)
+        tid, seen = self._choose_id(context)  # invariant 4
         producer = self._producer(tid)
         # A fenced producer must stay fenced: kafka-python (KIP-360) answers INVALID_PRODUCER_EPOCH on a
         # produce by bumping the epoch itself, which would let a zombie abort the transaction of the
@@ -637,27 +747,18 @@ class KafkaSink(TwoPhaseCommitSink[dict, KafkaTransaction]):
             with contextlib.suppress(Exception):
                 producer.close(timeout=0)
             if "InvalidTransactionTimeout" in str(e):  # where prepare_sink did not check it (embedded runtime)
-                raise self._timeout_refused() from e
+                raise self.sink._timeout_refused() from e
             raise
-        with self._live_lock:
-            self._live[tid] = (context.checkpoint_id, pe.epoch)
+        self.sink._remember(tid, context.checkpoint_id, pe.epoch)
         _log.debug("transaction_begun", transactional_id=tid, checkpoint_id=context.checkpoint_id,
                    task=context.task_id, task_attempt_id=context.task_attempt_id, epoch=pe.epoch)
         return KafkaTransaction(context, tid, producer, time.time())
 
-    def _forget(self, transactional_id: Optional[str], epoch: Optional[int] = None) -> None:
-        """The id's transaction is decided (or never prepared): no longer protected from sweeps."""
-        if transactional_id is None:
-            return
-        with self._live_lock:
-            live = self._live.get(transactional_id)
-            if live is not None and (epoch is None or live[1] == epoch):
-                del self._live[transactional_id]
-
-    def write(self, txn: KafkaTransaction, batch: pa.RecordBatch) -> int:  # step 2
+    def write(self, batch: pa.RecordBatch) -> int:  # step 2
         n = batch.num_rows
         if n == 0:
             return 0
+        txn = self.txn
         cols = batch.schema.names
         values = _as_bytes(batch.column(cols.index("value")).to_pylist())
         keys = _as_bytes(batch.column(cols.index("key")).to_pylist()) if "key" in cols else [None] * n
@@ -687,33 +788,37 @@ class KafkaSink(TwoPhaseCommitSink[dict, KafkaTransaction]):
             fut.add_errback(fail)
         return n
 
-    def pre_commit(self, txn: KafkaTransaction) -> dict:  # step 3
+    def prepare_commit(self) -> KafkaCommittable:  # step 3
+        txn = self.txn
         producer = txn.producer
         producer.flush()
         tm = getattr(producer, "_transaction_manager", None)
         if tm is not None and tm.has_error():
             raise TransientSinkError(f"{SINK}: transaction {txn.transactional_id!r} failed while writing: {tm.last_error!r}")
-        self._account(txn)
-        partitions = []
+        self._account()
+        partitions: list[KafkaPartition] = []
         for (topic, part), track in sorted(txn.tracks.items()):
             partitions.append({"topic": topic, "partition": part, "first_offset": track.first,
                                "last_offset": track.last, "records": track.acked})
         if partitions and txn.transactional_id is not None and tm is not None:
-            self._check_still_ours(txn, tm.producer_id_and_epoch)
+            self._check_still_ours(tm.producer_id_and_epoch)
         c = txn.context
-        handle = {"sink": "kafka", "checkpoint_id": c.checkpoint_id, "task_id": c.task_id,
-                  "attempt_uid": c.attempt_uid, "guarantee": self.guarantee.value,
-                  "transactional_id": txn.transactional_id, "partitions": partitions, "records": txn.records,
-                  "began_at": txn.began_at, "timeout_ms": self.options.transaction_timeout_ms}
+        producer_id = epoch = None
         if tm is not None and txn.transactional_id is not None:
-            handle["producer_id"] = tm.producer_id_and_epoch.producer_id
-            handle["epoch"] = tm.producer_id_and_epoch.epoch
+            producer_id = tm.producer_id_and_epoch.producer_id
+            epoch = tm.producer_id_and_epoch.epoch
+        committable = KafkaCommittable(
+            checkpoint_id=c.checkpoint_id, task_id=c.task_id, attempt_uid=c.attempt_uid, records=txn.records,
+            guarantee=self.sink.guarantee.value, transactional_id=txn.transactional_id, partitions=partitions,
+            began_at=txn.began_at, timeout_ms=self.options.transaction_timeout_ms, producer_id=producer_id,
+            epoch=epoch)
         # end the task without committing or aborting: close only stops the sender thread
         producer.close(timeout=5)
-        return handle
+        return committable
 
-    def _account(self, txn: KafkaTransaction, *, timeout_s: float = 30.0) -> None:
+    def _account(self, *, timeout_s: float = 30.0) -> None:
         """Invariant 6: after flush, every record sent must be acknowledged; else fail the task."""
+        txn = self.txn
         deadline = time.monotonic() + timeout_s
         while txn.settled() < txn.records and time.monotonic() < deadline:
             time.sleep(0.01)  # flush returned; callbacks of the last batches may still be running
@@ -729,126 +834,142 @@ class KafkaSink(TwoPhaseCommitSink[dict, KafkaTransaction]):
                 f"({len(txn.errors)} failed, first error: {first!r}); the transaction is aborted and the task "
                 "fails rather than commit short (raise kafka.delivery.timeout.ms if the brokers are often slow)")
 
-    def _check_still_ours(self, txn: KafkaTransaction, pe: Any) -> None:
+    def _check_still_ours(self, pe: Any) -> None:
         """Invariant 4: at pre_commit the id must be Ongoing with our producer id and epoch."""
-        states = self._client().describe([txn.transactional_id])
+        tid = self.txn.transactional_id
+        states = self.sink._client().describe([tid])
         if states is None:
             return
-        st = states.get(txn.transactional_id)
+        st = states.get(tid)
         if st is None or st.state != "Ongoing" or (st.producer_id, st.epoch) != (pe.producer_id, pe.epoch):
             raise TransientSinkError(
-                f"{SINK}: transaction {txn.transactional_id!r} (producer id {pe.producer_id}, epoch {pe.epoch}) is no "
+                f"{SINK}: transaction {tid!r} (producer id {pe.producer_id}, epoch {pe.epoch}) is no "
                 f"longer ours at pre-commit (broker: {st}); another attempt initialised the id")
 
-    def abort_open(self, txn: KafkaTransaction) -> None:
+    def abort(self) -> None:
+        txn = self.txn
         with contextlib.suppress(Exception):
             if txn.transactional_id is not None:
                 txn.producer.abort_transaction()
         with contextlib.suppress(Exception):
             txn.producer.close(timeout=0)
-        self._forget(txn.transactional_id)
+        self.sink._forget(txn.transactional_id)
 
-    # ---- driver side (steps 4-5)
 
-    def commit(self, handle: Mapping[str, Any]) -> None:
-        """EndTxn(commit) with the handle's id, producer id and epoch (invariant 2)."""
-        if handle.get("guarantee") == Guarantee.AT_LEAST_ONCE.value or not handle.get("partitions"):
-            return
+class KafkaCommitter(SinkCommitter[KafkaCommittable]):
+    """Driver side (steps 4-5): EndTxn(commit / abort) over the driver's own connection; fences lingering ids."""
+
+    committable_type = KafkaCommittable
+
+    def __init__(self, sink: KafkaSink) -> None:
+        self.sink = sink
+        self.options = sink.options
+        self.commit_parallelism = sink.options.commit_parallelism
+
+    def commit(self, committable: KafkaCommittable, *, recovering: bool = False) -> CommitResult[KafkaCommittable]:
+        """EndTxn(commit) with the committable's id, producer id and epoch (invariant 2).
+
+        A fenced epoch is told apart with a read_committed reader: visible is ALREADY_COMMITTED, missing is
+        LOST (the detail names the operator command). The broker answers a repeated EndTxn with the same
+        epoch with success too, so a second commit of a still-current epoch is reported COMMITTED: both
+        are idempotent, nothing is written twice. Transient errors raise (the commit is retried).
+        """
+        c = committable
+        if c.guarantee == Guarantee.AT_LEAST_ONCE.value or not c.partitions:
+            return CommitResult(c, CommitStatus.COMMITTED)
         from twophase.sinks._kafka_txn import EndTxnOutcome, verify_committed
-        self._check_age(handle)
-        outcome = self._client().end_txn(handle["transactional_id"], int(handle["producer_id"]),
-                                          int(handle["epoch"]), commit=True)
+        self._check_age(c)
+        outcome = self.sink._client().end_txn(c.transactional_id, int(c.producer_id), int(c.epoch), commit=True)
         if outcome is EndTxnOutcome.OK:
-            self._forget(handle["transactional_id"], int(handle["epoch"]))
-            return
-        missing = verify_committed(self.options.connection_config(), handle["partitions"])
+            self.sink._forget(c.transactional_id, int(c.epoch))
+            return CommitResult(c, CommitStatus.COMMITTED)
+        missing = verify_committed(self.options.connection_config(), c.partitions)
         if not missing:
-            _log.info("commit_already_done", transactional_id=handle["transactional_id"],
-                      checkpoint_id=handle.get("checkpoint_id"))
-            self._forget(handle["transactional_id"], int(handle["epoch"]))
-            return
-        age_s = time.time() - float(handle.get("began_at", time.time()))
+            _log.info("commit_already_done", transactional_id=c.transactional_id, checkpoint_id=c.checkpoint_id)
+            self.sink._forget(c.transactional_id, int(c.epoch))
+            return CommitResult(c, CommitStatus.ALREADY_COMMITTED)
+        age_s = time.time() - float(c.began_at if c.began_at is not None else time.time())
         try:
-            location = self.log_location()
+            location = self.sink.log_location()
         except ConfigurationError:
             location = "<log location>"
-        raise DataLossError(
-            f"{SINK}: checkpoint {handle.get('checkpoint_id')} task {handle.get('task_id')}: the prepared transaction "
-            f"{handle['transactional_id']!r} (producer id {handle['producer_id']}, epoch {handle['epoch']}) was "
-            f"aborted by the broker (expired after kafka.transaction.timeout.ms={handle.get('timeout_ms')} ms, or "
-            f"fenced) before the driver could commit it; {handle.get('records')} records in partitions "
+        return CommitResult(c, CommitStatus.LOST, (
+            f"{SINK}: checkpoint {c.checkpoint_id} task {c.task_id}: the prepared transaction "
+            f"{c.transactional_id!r} (producer id {c.producer_id}, epoch {c.epoch}) was "
+            f"aborted by the broker (expired after kafka.transaction.timeout.ms={c.timeout_ms} ms, or "
+            f"fenced) before the driver could commit it; {c.records} records in partitions "
             f"{', '.join(missing)} are lost (transaction age {age_s:.0f}s). This checkpoint can never commit: after "
             f"re-producing or giving up that data, record the loss with: twophase log resolve {location} "
-            f"--sink-id {self.sink_id} --checkpoint {handle.get('checkpoint_id')} --accept-loss")
+            f"--sink-id {self.sink.sink_id} --checkpoint {c.checkpoint_id} --accept-loss"))
 
-    def _check_age(self, handle: Mapping[str, Any]) -> None:
-        """Invariant 7: the measured age of a handle at commit against its transaction timeout."""
-        began, timeout = handle.get("began_at"), handle.get("timeout_ms")
+    def _check_age(self, committable: KafkaCommittable) -> None:
+        """Invariant 7: the measured age of a committable at commit against its transaction timeout."""
+        began, timeout = committable.began_at, committable.timeout_ms
         if not began or not timeout:
             return
         age_ms = (time.time() - float(began)) * 1000
         if age_ms <= WARN_AGE_FRACTION * float(timeout):
             return
-        _log.warning("transaction_near_timeout", transactional_id=handle.get("transactional_id"),
-                     checkpoint_id=handle.get("checkpoint_id"), age_ms=round(age_ms), transaction_timeout_ms=timeout,
+        _log.warning("transaction_near_timeout", transactional_id=committable.transactional_id,
+                     checkpoint_id=committable.checkpoint_id, age_ms=round(age_ms), transaction_timeout_ms=timeout,
                      hint="raise kafka.transaction.timeout.ms (and the brokers' transaction.max.timeout.ms) "
                           "or make batches shorter")
         if age_ms > BLOCK_AGE_FRACTION * float(timeout):
-            self._raise_alarm(handle, age_ms, timeout)
-            _log.error("transaction_timeout_danger", transactional_id=handle.get("transactional_id"),
-                       checkpoint_id=handle.get("checkpoint_id"), age_ms=round(age_ms),
+            self.sink._raise_alarm(committable, age_ms, timeout)
+            _log.error("transaction_timeout_danger", transactional_id=committable.transactional_id,
+                       checkpoint_id=committable.checkpoint_id, age_ms=round(age_ms),
                        transaction_timeout_ms=timeout, next_batch="refused until the timeout is raised")
 
-    def abort(self, handle: Mapping[str, Any]) -> None:
+    def abort(self, committable: KafkaCommittable, *, recovering: bool = False) -> None:
         """EndTxn(abort); a fenced epoch means it is already ended (invariant 3)."""
-        if handle.get("guarantee") == Guarantee.AT_LEAST_ONCE.value or not handle.get("transactional_id"):
+        c = committable
+        if c.guarantee == Guarantee.AT_LEAST_ONCE.value or not c.transactional_id:
             return
-        if not handle.get("partitions"):
-            self._forget(handle.get("transactional_id"), handle.get("epoch"))
+        if not c.partitions:
+            self.sink._forget(c.transactional_id, c.epoch)
             return
-        self._client().end_txn(handle["transactional_id"], int(handle["producer_id"]), int(handle["epoch"]),
-                               commit=False)
-        self._forget(handle["transactional_id"], int(handle["epoch"]))
+        self.sink._client().end_txn(c.transactional_id, int(c.producer_id), int(c.epoch), commit=False)
+        self.sink._forget(c.transactional_id, int(c.epoch))
 
-    def abort_lingering(self, up_to_checkpoint: int, keep: Collection[Mapping[str, Any]] = ()) -> int:
+    def abort_lingering(self, up_to_checkpoint: int, highest_committed: Optional[int] = None) -> int:
         """Fence open transactions of generation ``n mod 2`` under the prefix, n = min(up_to, highest committed).
 
-        Clamping to the highest COMMITTED checkpoint keeps a re-run of an ABORTED checkpoint id (which
-        Spark does after a failed batch) from being fenced by the recovery that precedes its commit.
+        Clamping to the highest COMMITTED checkpoint (the coordinator passes it) keeps a re-run of an
+        ABORTED checkpoint id (which Spark does after a failed batch) from being fenced by the recovery
+        that precedes its commit. Nothing committed yet: nothing is fenced.
         """
-        if self.guarantee is Guarantee.AT_LEAST_ONCE:
+        if self.sink.guarantee is Guarantee.AT_LEAST_ONCE or highest_committed is None:
             return 0
-        highest = self.transaction_log().highest_committed()
-        if highest is None:
-            return 0
-        n = min(up_to_checkpoint, highest)
+        n = min(up_to_checkpoint, highest_committed)
         generation = n % 2
-        kept = {h.get("transactional_id") for h in keep}
-        with self._live_lock:  # invariant 4: undecided ids of newer checkpoints begun by this object
-            kept |= {tid for tid, (cid, _epoch) in self._live.items() if cid > n}
-        client = self._client()
-        listed = client.list_transactions(self.prefix + "-")
+        kept = self.sink._live_above(n)  # invariant 4: undecided ids of newer checkpoints begun in this process
+        client = self.sink._client()
+        listed = client.list_transactions(self.sink.prefix + "-")
         if listed is not None:
             ids = sorted({tid for tid, _pid, _state in listed})
         else:
             ids = self._known_id_space()
         fenced = 0
         for tid in ids:
-            parsed = self._parse_id(tid)
+            parsed = self.sink._parse_id(tid)
             if parsed is None or parsed[1] != generation or tid in kept:
                 continue
             client.fence(tid, self.options.transaction_timeout_ms)
             fenced += 1
         if fenced:
-            _log.info("lingering_aborted", sink_id=self.sink_id, generation=generation, up_to=n, fenced=fenced,
+            _log.info("lingering_aborted", sink_id=self.sink.sink_id, generation=generation, up_to=n, fenced=fenced,
                       listed=listed is not None)
         return fenced
 
     def _known_id_space(self) -> list[str]:
         """Every id the sink may have used: tasks seen in the log x 2 generations x slots (Spark
-        partitions 0..max seen; runtime handles ``{"task", "txns": [...]}`` name their tasks)."""
+        partitions 0..max seen; runtime handles ``{"task", "txns": [...]}`` name their tasks).
+
+        The one place the committer reads the transaction log, and only where the broker cannot list
+        transactions (Kafka < 3.0): the log's handles are the only record of which task ids wrote
+        under the prefix. It reads task ids only, never a record's state."""
         partitions, tasks = 0, set()
-        for rec in self.transaction_log().records():
+        for rec in self.sink.transaction_log().records():
             for h in rec.handles.values():
                 for inner in [h, *(h.get("txns") or ())]:
                     task = str(inner.get("task_id", ""))
@@ -857,11 +978,9 @@ class KafkaSink(TwoPhaseCommitSink[dict, KafkaTransaction]):
                     elif task:
                         tasks.add(task)
         tasks |= {str(p) for p in range(partitions)}
-        return [self.transactional_id(t, g, a) for t in sorted(tasks) for g in (0, 1)
+        return [self.sink.transactional_id(t, g, a) for t in sorted(tasks) for g in (0, 1)
                 for a in range(self.options.attempt_slots)]
 
-    def close(self) -> None:
-        pass
 
-
-__all__ = ["KafkaSink", "KafkaSinkOptions", "KAFKA_SINK_OPTIONS", "parse_duration_ms", "FencedError"]
+__all__ = ["KafkaSink", "KafkaSinkOptions", "KafkaWriter", "KafkaCommitter", "KafkaCommittable", "KafkaTransaction",
+           "KAFKA_SINK_OPTIONS", "parse_duration_ms", "FencedError"]

@@ -16,7 +16,7 @@ import time
 import pyarrow as pa
 import pytest
 
-from twophase.sinks.kafka import ALARM_OBJECT, ALARM_STORE, KafkaSink, KafkaSinkOptions
+from twophase.sinks.kafka import ALARM_OBJECT, ALARM_STORE, KafkaCommittable, KafkaSink, KafkaSinkOptions
 from twophase.errors import ConcurrentWriterError, ConfigurationError
 from twophase.log import decode_record
 from twophase.states import CheckpointState
@@ -44,9 +44,10 @@ def _raw(tmp_path, **extra: str) -> dict[str, str]:
             "checkpointLocation": str(tmp_path / "shared" / "ck"), "kafka.transaction.timeout.ms": "60000", **extra}
 
 
-def _slow_handle(sink: KafkaSink, age_s: float, checkpoint_id: int = 0) -> dict:
-    return {"checkpoint_id": checkpoint_id, "transactional_id": sink.transactional_id("0", checkpoint_id, 0),
-            "began_at": time.time() - age_s, "timeout_ms": sink.options.transaction_timeout_ms}
+def _slow_handle(sink: KafkaSink, age_s: float, checkpoint_id: int = 0) -> KafkaCommittable:
+    return KafkaCommittable(checkpoint_id=checkpoint_id, task_id="0", attempt_uid="a",
+                            transactional_id=sink.transactional_id("0", checkpoint_id, 0),
+                            began_at=time.time() - age_s, timeout_ms=sink.options.transaction_timeout_ms)
 
 
 def test_kafka_sink_inv7_timeout_alarm_lives_in_the_log_store(tmp_path, monkeypatch):
@@ -54,11 +55,11 @@ def test_kafka_sink_inv7_timeout_alarm_lives_in_the_log_store(tmp_path, monkeypa
     driver restarted on host B still refuses the next batch, naming the object; a raised timeout clears it."""
     host_a = _host(monkeypatch, tmp_path, "host-a")
     a = KafkaSink.from_options(_raw(tmp_path), SCHEMA)
-    a._check_age(_slow_handle(a, 40))
+    a.create_committer()._check_age(_slow_handle(a, 40))
     alarm_file = os.path.join(a.log_location(), ALARM_STORE, ALARM_OBJECT)
     assert os.path.exists(alarm_file)
     assert _files(host_a) == []  # nothing on host A's own disk
-    a._check_age(_slow_handle(a, 35))  # a younger handle never lowers the alarm
+    a.create_committer()._check_age(_slow_handle(a, 35))  # a younger handle never lowers the alarm
     assert decode_record(open(alarm_file, "rb").read(), alarm_file)["age_ms"] >= 40_000
 
     host_b = _host(monkeypatch, tmp_path, "host-b")
@@ -73,7 +74,7 @@ def test_kafka_sink_inv7_timeout_alarm_lives_in_the_log_store(tmp_path, monkeypa
     b._check_age_alarm()
     assert _files(host_b) == []
     # a later slow batch raises it again over the cleared record
-    b._check_age(_slow_handle(b, 45, checkpoint_id=3))
+    b.create_committer()._check_age(_slow_handle(b, 45, checkpoint_id=3))
     with pytest.raises(ConfigurationError, match="checkpoint 3 kept"):
         b._check_age_alarm()
     # deleting the object, as the error says, clears it too
@@ -91,7 +92,7 @@ def test_kafka_sink_inv7_timeout_alarm_raised_while_the_coordinator_holds_the_lo
 
     def commit_under_the_lock():
         with sink.transaction_log().locked():
-            sink._check_age(_slow_handle(sink, 40))
+            sink.create_committer()._check_age(_slow_handle(sink, 40))
         done.set()
 
     threading.Thread(target=commit_under_the_lock, daemon=True).start()
@@ -103,7 +104,7 @@ def test_kafka_sink_inv7_timeout_alarm_raised_while_the_coordinator_holds_the_lo
 def test_kafka_sink_inv7_timeout_alarm_deferred_while_a_completed_checkpoint_awaits_recovery(tmp_path, monkeypatch):
     _host(monkeypatch, tmp_path, "host-a")
     sink = KafkaSink.from_options(_raw(tmp_path), SCHEMA)
-    sink._check_age(_slow_handle(sink, 40))
+    sink.create_committer()._check_age(_slow_handle(sink, 40))
     log = sink.transaction_log()
     log.transition(5, CheckpointState.PENDING)
     log.transition(5, CheckpointState.COMPLETED)
@@ -120,7 +121,7 @@ def test_kafka_sink_inv7_clearing_never_drops_an_alarm_raised_meanwhile(tmp_path
     from twophase.log import LocalLogStore
     _host(monkeypatch, tmp_path, "host-a")
     old = KafkaSink.from_options(_raw(tmp_path), SCHEMA)
-    old._check_age(_slow_handle(old, 40, checkpoint_id=1))  # over half of 1 min
+    old.create_committer()._check_age(_slow_handle(old, 40, checkpoint_id=1))  # over half of 1 min
     raised = KafkaSink.from_options(_raw(tmp_path, **{"kafka.transaction.timeout.ms": "900000"}), SCHEMA)
     real, fired = LocalLogStore.get_versioned, []
 
@@ -128,7 +129,7 @@ def test_kafka_sink_inv7_clearing_never_drops_an_alarm_raised_meanwhile(tmp_path
         got = real(store, name)
         if name == ALARM_OBJECT and not fired:
             fired.append(1)
-            raised._check_age(_slow_handle(raised, 460, checkpoint_id=2))  # over half of 15 min
+            raised.create_committer()._check_age(_slow_handle(raised, 460, checkpoint_id=2))  # over half of 15 min
         return got
 
     monkeypatch.setattr(LocalLogStore, "get_versioned", read_then_a_commit_raises_the_alarm)

@@ -1,7 +1,8 @@
-"""Fast tests of the Kafka sink and source options and transactional ids (no broker)."""
+"""Fast tests of the Kafka sink and source options, transactional ids and the committable (no broker)."""
 
 from __future__ import annotations
 
+import json
 import pickle
 
 import pyarrow as pa
@@ -116,3 +117,43 @@ def test_kafka_source_options():
 def test_kafka_source_options_rejected(raw, match):
     with pytest.raises(ConfigurationError, match=match):
         KafkaSourceOptions.from_options(raw)
+
+
+# the handle earlier versions wrote into the log (TwoPhaseCommitSink.pre_commit's dict), verbatim
+LEGACY_HANDLE = {"sink": "kafka", "checkpoint_id": 3, "task_id": "1", "attempt_uid": "ab12cd34ef56",
+                 "guarantee": "exactly-once", "transactional_id": "p-1-1-2",
+                 "partitions": [{"topic": "out", "partition": 0, "first_offset": 10, "last_offset": 14, "records": 5}],
+                 "records": 5, "began_at": 1_700_000_000.5, "timeout_ms": 900_000, "producer_id": 4711, "epoch": 3}
+
+
+def test_kafka_committable_decodes_handles_of_the_previous_version_and_keeps_their_keys():
+    from twophase.sinks.kafka import KafkaCommittable
+    c = KafkaCommittable.from_json({**LEGACY_HANDLE, "added_by_a_later_version": 1})
+    assert (c.transactional_id, c.producer_id, c.epoch, c.checkpoint_id) == ("p-1-1-2", 4711, 3, 3)
+    assert c.partitions == LEGACY_HANDLE["partitions"] and c.began_at == LEGACY_HANDLE["began_at"]
+    assert c.to_json() == LEGACY_HANDLE  # exactly the old keys: the log's format is unchanged
+    assert KafkaCommittable.from_json(json.loads(json.dumps(c.to_json()))) == c
+    # an at-least-once handle of the previous version had no producer id / epoch
+    alo = {k: v for k, v in LEGACY_HANDLE.items() if k not in ("producer_id", "epoch")}
+    d = KafkaSink.from_options(BASE, SCHEMA).create_committer().decode({**alo, "guarantee": "at-least-once",
+                                                                         "transactional_id": None})
+    assert d.producer_id is None and d.epoch is None and d.guarantee == "at-least-once"
+
+
+def test_kafka_committer_needs_no_broker_where_there_is_nothing_to_end():
+    """At-least-once and empty transactions commit and abort without a request; nothing committed yet
+    (highest_committed None) sweeps nothing: no connection is made (the brokers h1, h2 do not exist)."""
+    from twophase.sink import CommitStatus
+    from twophase.sinks.kafka import KafkaCommittable
+    committer = KafkaSink.from_options(BASE, SCHEMA).create_committer()
+    empty = KafkaCommittable(checkpoint_id=0, task_id="0", attempt_uid="a", transactional_id="p-0-0-0",
+                             producer_id=1, epoch=0)
+    alo = KafkaCommittable(checkpoint_id=0, task_id="0", attempt_uid="a", guarantee="at-least-once",
+                           partitions=[{"topic": "t", "partition": 0, "first_offset": 0, "last_offset": 0,
+                                        "records": 1}])
+    assert [r.status for r in committer.commit_checkpoint(0, [empty, alo])] == [CommitStatus.COMMITTED] * 2
+    committer.abort(empty)
+    committer.abort(alo)
+    assert committer.abort_lingering(5, None) == 0
+    alo_sink = KafkaSink.from_options({**BASE, "guarantee": "at-least-once"}, SCHEMA)
+    assert alo_sink.create_committer().abort_lingering(5, 5) == 0

@@ -13,10 +13,10 @@ import pyarrow as pa
 import pytest
 
 from integration.kafka.broker import broker_paused, create_topic, end_offsets, read_topic, unique
-from twophase.sinks.kafka import KafkaSink
+from twophase.sinks.kafka import KafkaCommittable, KafkaSink
 from twophase.coordinator import CheckpointCoordinator
 from twophase.errors import ConcurrentWriterError, ConfigurationError, DataLossError, TransientSinkError
-from twophase.sink import Ack, TransactionContext, run_task
+from twophase.sink import Ack, CommitStatus, TransactionContext, run_task
 from twophase.spark.datasource import prepare_sink
 from twophase.states import CheckpointState
 
@@ -56,6 +56,14 @@ def _no_open_transactions(sink: KafkaSink) -> bool:
     return not sink._client().list_transactions(sink.prefix + "-")
 
 
+def _committable(ack: Ack) -> KafkaCommittable:
+    return KafkaCommittable.from_json(ack.handle)
+
+
+def _commit(sink: KafkaSink, committable: KafkaCommittable) -> CommitStatus:
+    return sink.create_committer().commit(committable).status
+
+
 def test_kafka_sink_inv1_inv2_inv3_driver_commits_after_writer_exited_repeat_and_abort_keep_data(env, kafka_bootstrap):
     raw, topic = env
     sink = KafkaSink.from_options(raw, SCHEMA)
@@ -64,10 +72,13 @@ def test_kafka_sink_inv1_inv2_inv3_driver_commits_after_writer_exited_repeat_and
     assert h["producer_id"] >= 0 and h["records"] == 20 and sum(p["records"] for p in h["partitions"]) == 20
     assert _values(kafka_bootstrap, topic) == []  # invariant 1: invisible before commit
     assert sum(end_offsets(kafka_bootstrap, topic).values()) >= 20  # but written
-    sink.commit(h)
+    committer = sink.create_committer()
+    c = committer.decode(h)
+    assert committer.commit(c).status is CommitStatus.COMMITTED
     assert _values(kafka_bootstrap, topic) == sorted(f"a-{i}".encode() for i in range(20))
-    sink.commit(h)  # invariant 2: a repeated commit is a no-op
-    sink.abort(h)  # invariant 3: an abort after commit never removes data
+    # invariant 2: a repeated commit is a no-op (the broker answers the same epoch's EndTxn as the first)
+    assert committer.commit(c).status in (CommitStatus.COMMITTED, CommitStatus.ALREADY_COMMITTED)
+    committer.abort(c)  # invariant 3: an abort after commit never removes data
     assert len(_values(kafka_bootstrap, topic)) == 20
 
 
@@ -77,9 +88,9 @@ def test_kafka_sink_inv2_expired_transaction_is_data_loss(env, kafka_bootstrap):
     ack = run_task(sink, TransactionContext(sink.sink_id, 7, "1", 0), [_batch("x", 10)])
     # the broker aborting an expired transaction = bumping the epoch of its id (noida never expires)
     sink._client().fence(ack.handle["transactional_id"], 60_000)
-    with pytest.raises(DataLossError) as e:
-        sink.commit(ack.handle)
-    msg = str(e.value)
+    result = sink.create_committer().commit(_committable(ack))
+    assert result.status is CommitStatus.LOST
+    msg = result.detail
     assert "checkpoint 7" in msg and ack.handle["transactional_id"] in msg and f"{topic}-" in msg
     assert _values(kafka_bootstrap, topic) == []
 
@@ -88,9 +99,9 @@ def test_kafka_sink_inv2_recommit_after_later_fence_is_not_data_loss(env, kafka_
     raw, topic = env
     sink = KafkaSink.from_options(raw, SCHEMA)
     ack = run_task(sink, TransactionContext(sink.sink_id, 2, "0", 0), [_batch("c", 5)])
-    sink.commit(ack.handle)
+    assert _commit(sink, _committable(ack)) is CommitStatus.COMMITTED
     sink._client().fence(ack.handle["transactional_id"], 60_000)  # the id is reused later
-    sink.commit(ack.handle)  # verified visible -> already committed
+    assert _commit(sink, _committable(ack)) is CommitStatus.ALREADY_COMMITTED  # verified visible
     assert len(_values(kafka_bootstrap, topic)) == 5
 
 
@@ -100,8 +111,8 @@ def test_kafka_sink_inv4_zombie_is_swept_never_reused(env, kafka_bootstrap):
     raw, topic = env
     sink = KafkaSink.from_options(raw, SCHEMA)
     prepare_sink(sink, raw["checkpointLocation"], what="test")
-    zombie = sink.begin_transaction(TransactionContext(sink.sink_id, 4, "0", 0, task_attempt_id=1))
-    sink.write(zombie, _batch("zombie", 10))
+    zombie = sink.create_writer(TransactionContext(sink.sink_id, 4, "0", 0, task_attempt_id=1))
+    zombie.write(_batch("zombie", 10))
     zombie.producer.flush()
     ctx = TransactionContext(sink.sink_id, 4, "0", 0, task_attempt_id=1)  # the very same attempt identity
     fresh = run_task(sink, ctx, [_batch("fresh", 10)])
@@ -109,10 +120,10 @@ def test_kafka_sink_inv4_zombie_is_swept_never_reused(env, kafka_bootstrap):
     assert CheckpointCoordinator(sink).complete_batch(4, [fresh], ["0"]) == "COMMITTED"
     # the sweep after the commit fenced the zombie: it can no longer write or commit
     with pytest.raises(Exception):
-        sink.write(zombie, _batch("zombie2", 1))
+        zombie.write(_batch("zombie2", 1))
         zombie.producer.flush()
         zombie.producer.commit_transaction()
-    sink.abort_open(zombie)
+    zombie.abort()
     assert _values(kafka_bootstrap, topic) == sorted(f"fresh-{i}".encode() for i in range(10))
     assert _no_open_transactions(sink)
 
@@ -124,8 +135,8 @@ def test_kafka_sink_inv4_speculative_attempt_never_fences_committed_attempt(env,
     prepare_sink(sink, owner, what="test")
     first = run_task(sink, TransactionContext(sink.sink_id, 0, "0", 0), [_batch("first", 10)])
     # a speculative copy of the same partition starts after the first attempt pre-committed
-    spec = sink.begin_transaction(TransactionContext(sink.sink_id, 0, "0", 1))
-    sink.write(spec, _batch("spec", 10))
+    spec = sink.create_writer(TransactionContext(sink.sink_id, 0, "0", 1))
+    spec.write(_batch("spec", 10))
     spec.producer.flush()
     assert spec.transactional_id != first.handle["transactional_id"]
     # Spark commits the first attempt's message; the speculative one never reaches the driver
@@ -185,8 +196,8 @@ def test_kafka_sink_recovery_without_list_transactions_fences_known_id_space(env
     sink = KafkaSink.from_options(raw, SCHEMA)
     prepare_sink(sink, raw["checkpointLocation"], what="test")
     acks = [run_task(sink, TransactionContext(sink.sink_id, 0, str(t), 0), [_batch(f"t{t}", 3)]) for t in range(2)]
-    lingering = sink.begin_transaction(TransactionContext(sink.sink_id, 0, "1", 5))
-    sink.write(lingering, _batch("lingering", 3))
+    lingering = sink.create_writer(TransactionContext(sink.sink_id, 0, "1", 5))
+    lingering.write(_batch("lingering", 3))
     lingering.producer.flush()
     monkeypatch.setattr(TxnClient, "list_transactions", lambda self, prefix, states=("Ongoing",): None)
     assert CheckpointCoordinator(sink).complete_batch(0, acks, ["0", "1"]) == "COMMITTED"
@@ -203,16 +214,16 @@ def test_kafka_sink_inv4_resubmitted_stage_attempt_never_aborts_prepared_attempt
     sink = KafkaSink.from_options(raw, SCHEMA)
     prepare_sink(sink, raw["checkpointLocation"], what="test")
     old = run_task(sink, TransactionContext(sink.sink_id, 0, "0", 0, task_attempt_id=3), [_batch("old", 10)])
-    new = sink.begin_transaction(TransactionContext(sink.sink_id, 0, "0", 0, task_attempt_id=11))
+    new = sink.create_writer(TransactionContext(sink.sink_id, 0, "0", 0, task_attempt_id=11))
     try:
-        sink.write(new, _batch("new", 10))
+        new.write(_batch("new", 10))
         new.producer.flush()
         # Spark's commit coordinator let the old attempt commit: the driver commits its handle
         assert CheckpointCoordinator(sink).complete_batch(0, [old], ["0"]) == "COMMITTED"
         assert _values(kafka_bootstrap, topic) == sorted(f"old-{i}".encode() for i in range(10))
         assert new.transactional_id != old.handle["transactional_id"]
     finally:
-        sink.abort_open(new)
+        new.abort()
 
 
 def test_kafka_sink_inv6_expired_batch_mid_task_fails_the_task_never_commits_short(env, kafka_bootstrap):
@@ -225,25 +236,25 @@ def test_kafka_sink_inv6_expired_batch_mid_task_fails_the_task_never_commits_sho
     raw = {**raw, "topic": topic, "kafka.delivery.timeout.ms": "3000", "kafka.request.timeout.ms": "1500",
            "kafka.linger.ms": "0"}
     sink = KafkaSink.from_options(raw, SCHEMA)
-    txn = sink.begin_transaction(TransactionContext(sink.sink_id, 0, "0", 0, task_attempt_id=1))
-    sink.write(txn, _batch("before", 10))
-    txn.producer.flush()
+    writer = sink.create_writer(TransactionContext(sink.sink_id, 0, "0", 0, task_attempt_id=1))
+    writer.write(_batch("before", 10))
+    writer.producer.flush()
     with broker_paused(kafka_bootstrap):
-        sink.write(txn, _batch("during", 10))  # in flight when the request times out
+        writer.write(_batch("during", 10))  # in flight when the request times out
         time.sleep(2.5)
-        sink.write(txn, _batch("during2", 10))  # never leaves the client: expires in the accumulator
+        writer.write(_batch("during2", 10))  # never leaves the client: expires in the accumulator
         time.sleep(5)
     time.sleep(1)
-    sink.write(txn, _batch("after", 10))
+    writer.write(_batch("after", 10))
     try:
-        handle = sink.pre_commit(txn)
+        committable = writer.prepare_commit()
     except TransientSinkError as e:
         assert "acknowledged" in str(e), str(e)
-        sink.abort_open(txn)
+        writer.abort()
         assert _values(kafka_bootstrap, topic) == []
         return
-    assert handle["records"] == 40
-    sink.commit(handle)
+    assert committable.records == 40
+    assert _commit(sink, committable) is CommitStatus.COMMITTED
     assert len(_values(kafka_bootstrap, topic)) == 40, "committed short: records of the task were silently lost"
 
 
@@ -256,15 +267,19 @@ def test_kafka_sink_timeout_refused_by_broker_fails_early_on_the_driver(env):
 
 
 def test_kafka_sink_inv2_data_loss_names_the_operator_command(env):
+    """The committer reports LOST; the coordinator stops with DataLossError carrying the sink's detail,
+    which names the operator command, and the checkpoint stays COMPLETED."""
     raw, _topic = env
     sink = KafkaSink.from_options(raw, SCHEMA)
+    prepare_sink(sink, raw["checkpointLocation"], what="test")
     ack = run_task(sink, TransactionContext(sink.sink_id, 4, "0", 0), [_batch("gone", 3)])
     sink._client().fence(ack.handle["transactional_id"], 60_000)
     with pytest.raises(DataLossError) as e:
-        sink.commit(ack.handle)
+        CheckpointCoordinator(sink).complete_batch(4, [ack], ["0"])
     location = os.path.join(raw["checkpointLocation"], "twophase-kafka", raw["transactionalIdPrefix"])
     assert f"twophase log resolve {location} " in str(e.value) and "--checkpoint 4 --accept-loss" in str(e.value), \
         str(e.value)
+    assert sink.transaction_log().get(4).state is CheckpointState.COMPLETED
 
 
 def test_kafka_sink_inv7_batch_close_to_the_timeout_blocks_the_next_batch(env, kafka_bootstrap):
@@ -294,12 +309,12 @@ def test_kafka_sink_inv4_every_slot_open_fails_the_task_never_reinitialises(env,
     sink = KafkaSink.from_options({**raw, "transactionalIdAttempts": "2"}, SCHEMA)
     held = []
     for uid in (0, 1):
-        txn = sink.begin_transaction(TransactionContext(sink.sink_id, 2, "0", 0, task_attempt_id=uid))
-        sink.write(txn, _batch(f"held{uid}", 3))
-        held.append(sink.pre_commit(txn))
-    assert len({h["transactional_id"] for h in held}) == 2
+        writer = sink.create_writer(TransactionContext(sink.sink_id, 2, "0", 0, task_attempt_id=uid))
+        writer.write(_batch(f"held{uid}", 3))
+        held.append(writer.prepare_commit())
+    assert len({h.transactional_id for h in held}) == 2
     with pytest.raises(TransientSinkError, match="transactionalIdAttempts"):
-        sink.begin_transaction(TransactionContext(sink.sink_id, 2, "0", 0, task_attempt_id=5))
+        sink.create_writer(TransactionContext(sink.sink_id, 2, "0", 0, task_attempt_id=5))
     for h in held:  # both prepared transactions survived and commit
-        sink.commit(h)
+        assert _commit(sink, h) is CommitStatus.COMMITTED
     assert len(_values(kafka_bootstrap, topic)) == 6

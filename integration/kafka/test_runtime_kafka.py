@@ -131,9 +131,9 @@ def _runtime_sink(bootstrap: str, tmp_path, topic: str) -> KafkaSink:
                                    "checkpointLocation": str(tmp_path / "ck")})
 
 
-def _write(sink: KafkaSink, txn, tag: str, n: int) -> None:
+def _write(writer, tag: str, n: int) -> None:
     import pyarrow as pa
-    sink.write(txn, pa.RecordBatch.from_pylist([{"key": f"{tag}-{i}", "value": f"{tag}-{i}"} for i in range(n)]))
+    writer.write(pa.RecordBatch.from_pylist([{"key": f"{tag}-{i}", "value": f"{tag}-{i}"} for i in range(n)]))
 
 
 def test_kafka_sink_inv4_runtime_two_checkpoints_in_flight_never_abort_a_prepared_one(tmp_path, bootstrap):
@@ -144,27 +144,29 @@ def test_kafka_sink_inv4_runtime_two_checkpoints_in_flight_never_abort_a_prepare
     topic = create_topic(bootstrap, unique("rt-conc"), partitions=1)
     sink = _runtime_sink(bootstrap, tmp_path, topic)
     ctx = lambda c: TransactionContext(sink.sink_id, c, "out-0", 0, task_attempt_id=7)  # noqa: E731
-    t1 = sink.begin_transaction(ctx(1))
-    _write(sink, t1, "c1", 5)
-    h1 = sink.pre_commit(t1)
-    t2 = sink.begin_transaction(ctx(2))
-    _write(sink, t2, "c2", 5)
-    h2 = sink.pre_commit(t2)
-    t3 = sink.begin_transaction(ctx(3))  # checkpoint 1 is still pending
-    _write(sink, t3, "c3", 5)
+    committer = sink.create_committer()  # the job committer's, over the same sink object as the writers
+    t1 = sink.create_writer(ctx(1))
+    _write(t1, "c1", 5)
+    h1 = t1.prepare_commit()
+    t2 = sink.create_writer(ctx(2))
+    _write(t2, "c2", 5)
+    h2 = t2.prepare_commit()
+    t3 = sink.create_writer(ctx(3))  # checkpoint 1 is still pending
+    _write(t3, "c3", 5)
     t3.producer.flush()
-    sink.commit(h1)
+    committer.commit(h1)
     assert sorted(m.value for m in read_topic(bootstrap, topic)) == sorted(f"c1-{i}".encode() for i in range(5))
-    assert len({h1["transactional_id"], h2["transactional_id"], t3.transactional_id}) == 3
+    assert len({h1.transactional_id, h2.transactional_id, t3.transactional_id}) == 3
     log = sink.transaction_log()  # as the coordinator records it, then sweeps (step 5)
     from twophase.states import CheckpointState
     log.transition(1, CheckpointState.PENDING)
-    log.transition(1, CheckpointState.COMPLETED, handles={"out-0": {"task": "out-0", "sink": "out", "txns": [h1]}})
+    log.transition(1, CheckpointState.COMPLETED,
+                   handles={"out-0": {"task": "out-0", "sink": "out", "txns": [h1.to_json()]}})
     log.transition(1, CheckpointState.COMMITTED)
-    sink.abort_lingering(1, ())
-    h3 = sink.pre_commit(t3)
-    sink.commit(h2)
-    sink.commit(h3)
+    committer.abort_lingering(1, log.highest_committed())
+    h3 = t3.prepare_commit()
+    committer.commit(h2)
+    committer.commit(h3)
     values = sorted(m.value for m in read_topic(bootstrap, topic))
     assert values == sorted(f"c{c}-{i}".encode() for c in (1, 2, 3) for i in range(5))
 
@@ -177,20 +179,22 @@ def test_kafka_sink_inv4_runtime_lingering_transactions_are_found_and_aborted(tm
     tid = sink.transactional_id("out-0", 1, 0)
     assert sink._parse_id(tid) is not None, tid
     dead = KafkaSink(sink.options)  # the sink object of a job attempt that died (another process)
-    lingering = dead.begin_transaction(TransactionContext(sink.sink_id, 1, "out-0", 0, task_attempt_id=1))
-    _write(dead, lingering, "lingering", 5)
+    lingering = dead.create_writer(TransactionContext(sink.sink_id, 1, "out-0", 0, task_attempt_id=1))
+    _write(lingering, "lingering", 5)
     lingering.producer.flush()
     lingering.producer.close(timeout=0)
-    t = sink.begin_transaction(TransactionContext(sink.sink_id, 1, "out-0", 1, task_attempt_id=2))
-    _write(sink, t, "ok", 5)
-    h = sink.pre_commit(t)
-    sink.commit(h)
+    t = sink.create_writer(TransactionContext(sink.sink_id, 1, "out-0", 1, task_attempt_id=2))
+    _write(t, "ok", 5)
+    h = t.prepare_commit()
+    committer = sink.create_committer()
+    committer.commit(h)
     log = sink.transaction_log()
     from twophase.states import CheckpointState
     log.transition(1, CheckpointState.PENDING)
-    log.transition(1, CheckpointState.COMPLETED, handles={"out-0": {"task": "out-0", "sink": "out", "txns": [h]}})
+    log.transition(1, CheckpointState.COMPLETED,
+                   handles={"out-0": {"task": "out-0", "sink": "out", "txns": [h.to_json()]}})
     log.transition(1, CheckpointState.COMMITTED)
-    assert sink.abort_lingering(1, ()) >= 1
+    assert committer.abort_lingering(1, log.highest_committed()) >= 1
     assert not sink._client().list_transactions(sink.prefix + "-"), "a lingering runtime transaction stayed open"
     assert sorted(m.value for m in read_topic(bootstrap, topic)) == sorted(f"ok-{i}".encode() for i in range(5))
 
