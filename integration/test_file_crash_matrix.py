@@ -12,7 +12,7 @@ import os
 import pytest
 
 from integration.fileio import check_exactly_once, make_input, read_ids, run_file_job, staging_leftovers
-from twophase.sinks._naming import default_log_location
+from twophase.naming import default_log_location
 from twophase.faults import POINTS
 from twophase.log import TransactionLog
 

@@ -12,7 +12,7 @@ import os
 import pytest
 
 from integration.fileio import check_exactly_once, make_input, read_ids, staging_leftovers
-from twophase.sinks._naming import default_log_location, internal_rel
+from twophase.naming import default_log_location, internal_rel
 from twophase.errors import ConcurrentWriterError
 from twophase.log import TransactionLog
 from twophase.states import CheckpointState

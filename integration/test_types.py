@@ -1,4 +1,4 @@
-"""Every Spark SQL type a user streams, through every twophase file-like sink (see twophase/spark/_types.py).
+"""Every Spark SQL type a user streams, through every twophase file-like sink (see sinks/_spark_types.py).
 
 Each type either round-trips exactly (read back and compared value by value with what Spark wrote:
 instants, decimal digits, NaN and -0.0, map entry order, nulls at every level) or the query is refused

@@ -25,7 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from integration.fileio import FILE_JOB, check_exactly_once, make_input, read_ids, staging_leftovers  # noqa: E402
-from twophase.sinks._naming import default_log_location  # noqa: E402
+from twophase.naming import default_log_location  # noqa: E402
 from twophase.cli import inspect_log  # noqa: E402
 from twophase.log import TransactionLog  # noqa: E402
 from twophase.states import CheckpointState  # noqa: E402

@@ -30,7 +30,7 @@ import pyarrow as pa
 from twophase.errors import ConfigurationError
 from twophase.sink import Committable, SinkWriter, TransactionContext
 from twophase.sinks._formats import write_rolling
-from twophase.sinks._naming import part_file_name
+from twophase.naming import part_file_name
 
 C = TypeVar("C", bound=Committable)
 
@@ -68,7 +68,7 @@ class FileLikeWriter(SinkWriter[C]):
             ThreadPoolExecutor(upload_threads, thread_name_prefix="twophase-part") if upload_threads else None)
 
     def next_name(self, ext: str) -> str:
-        """The next :func:`~twophase.sinks._naming.part_file_name` of this transaction (it carries the sink's token)."""
+        """The next :func:`~twophase.naming.part_file_name` of this transaction (it carries the sink's token)."""
         c = self.context
         name = part_file_name(c.sink_id, c.checkpoint_id, c.task_id, c.attempt_uid, self._seq, ext)
         self._seq += 1

@@ -110,7 +110,7 @@ def format_problem(fmt: str, t: pa.DataType) -> Optional[tuple[str, str]]:
     """``(where, fix)`` if file format ``fmt`` cannot hold every value of Arrow type ``t`` exactly, else None.
 
     ``where`` is the path inside the type (``""``, ``".key"``, ``".element.x"``); ``fix`` tells the user what
-    to do. Parquet holds every type Spark sends (see :mod:`twophase.spark._types`).
+    to do. Parquet holds every type Spark sends (see :mod:`twophase.sinks._spark_types`).
     """
     if fmt == "csv":
         if pa.types.is_nested(t):

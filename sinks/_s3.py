@@ -20,7 +20,7 @@ from typing import Any, Collection, Mapping
 
 from twophase.errors import CommitFailedError, ConfigurationError, DataLossError, TransientSinkError
 from twophase.log_s3 import error_code, http_status
-from twophase.sinks._naming import own_part_checkpoint
+from twophase.naming import own_part_checkpoint
 
 MIN_PART_SIZE = 5 << 20
 

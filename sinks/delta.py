@@ -13,7 +13,7 @@ Layout::
     <table>/<a=1>/part-<token>-<ckpt>-<task>-<attempt>-<seq>.parquet   data files
     <table>/_twophase/<token>/log/              twophase's transaction log for this sink
 
-``<token>`` is the sink's identity (:mod:`twophase.sinks._naming`). Several queries may append to one table,
+``<token>`` is the sink's identity (:mod:`twophase.naming`). Several queries may append to one table,
 each with its own ``sink.id`` (its own log, app id and token); none ever touches another's files.
 
 Invariants (``test_delta_sink_invN_*``):
@@ -61,7 +61,7 @@ from twophase.sinks._filelike import FileLikeWriter
 from twophase.sinks._formats import ParquetFormatWriter
 from twophase.sinks._filelike import check_partition_columns
 from twophase.sinks._s3 import MultipartStream, abort_lingering_uploads, check_bucket, complete_upload, multipart_etag
-from twophase.sinks._naming import internal_rel, own_part_checkpoint
+from twophase.naming import internal_rel, own_part_checkpoint
 from twophase import faults
 from twophase._logging import get_logger
 from twophase._redact import safe_repr

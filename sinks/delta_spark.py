@@ -5,7 +5,7 @@ from __future__ import annotations
 from pyspark.sql.types import StructType
 
 from twophase.sinks.delta import DeltaSink
-from twophase.spark._types import arrow_schema, check_columns, check_partition_columns
+from twophase.sinks._spark_types import arrow_schema, check_columns, check_partition_columns
 from twophase.spark.datasource import TwoPhaseSinkDataSource
 
 
@@ -13,7 +13,7 @@ class DeltaDataSource(TwoPhaseSinkDataSource):
     """``df.writeStream.format("twophase-delta").option("path", ...)`` — see :mod:`twophase.sinks.delta`.
 
     The stream's schema is checked on the driver before each batch: every column type must round-trip
-    through Delta (:func:`twophase.spark._types.check_columns`; ``timestamp_ntz`` columns get the table
+    through Delta (:func:`twophase.sinks._spark_types.check_columns`; ``timestamp_ntz`` columns get the table
     feature ``timestampNtz`` from deltalake), then against the table (option ``mergeSchema`` adds new
     columns). ``timestamp`` columns are Delta ``timestamp`` (UTC instants) whatever the session time zone.
     """

@@ -6,7 +6,7 @@ Layout under the output ``path``::
     <path>/_twophase/<token>/staging/<ckpt>/<task>-<attempt>/...         staged, invisible files
     <path>/_twophase/<token>/log/                                        the transaction log
 
-``<token>`` is the sink's identity (:mod:`twophase.sinks._naming`): several sinks (queries) may share ``path``,
+``<token>`` is the sink's identity (:mod:`twophase.naming`): several sinks (queries) may share ``path``,
 each with its own ``sink.id``, and none ever touches another's staged files or log.
 
 Readers that skip names starting with ``_`` or ``.`` (Spark, pyarrow.dataset, pandas, DuckDB globs of
@@ -42,7 +42,7 @@ from twophase.sinks._filelike import FileLikeWriter, check_partition_columns
 from twophase.sinks._formats import EXTENSIONS, FORMATS, FormatWriter, open_format_writer
 from twophase._logging import get_logger
 from twophase.errors import ConfigurationError, TwoPhaseError
-from twophase.sinks._naming import internal_rel
+from twophase.naming import internal_rel
 from twophase.log import TransactionLog
 from twophase.log_store import fsync_dir, makedirs_durable
 from twophase.options import Option, parse_choice, parse_list, parse_options, parse_size

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pyspark.sql.types import StructType
 
 from twophase.sinks.files import FileSink
-from twophase.spark._types import check_columns
+from twophase.sinks._spark_types import check_columns
 from twophase.spark.datasource import TwoPhaseSinkDataSource
 
 

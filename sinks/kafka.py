@@ -120,13 +120,12 @@ from typing import Any, ClassVar, Mapping, Optional, TypedDict
 
 import pyarrow as pa
 
-from twophase.sinks._kafka_config import kafka_python_config
-from twophase.sinks.s3 import S3_CLIENT_OPTIONS, s3_config_from
+from twophase._kafka import kafka_python_config
 from twophase._logging import get_logger
 from twophase._redact import is_secret_name, redact_text, redact_values, safe_repr
 from twophase.errors import ConcurrentWriterError, ConfigurationError, FencedError, TransientSinkError
 from twophase.log import LogStore, TransactionLog, decode_record, encode_record
-from twophase.log_s3 import S3_SCHEMES, S3Config, open_log_store, parse_s3_url
+from twophase.log_s3 import S3_CLIENT_OPTIONS, S3_SCHEMES, S3Config, open_log_store, parse_s3_url, s3_config_from
 from twophase.options import Option, parse_duration_ms, parse_positive_int, parse_options
 from twophase.sink import (Committable, CommitResult, CommitStatus, Guarantee, SinkCommitter, SinkSpec, SinkWriter,
                            TransactionContext)

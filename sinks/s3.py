@@ -5,7 +5,7 @@ Layout under ``s3://bucket/prefix``::
     <prefix>/<a=1>/part-<token>-<ckpt>-<task>-<attempt>-<seq>.<ext>   objects (visible once completed)
     <prefix>/_twophase/<token>/log/                                   the transaction log (an S3 log store)
 
-``<token>`` is the sink's identity (:mod:`twophase.sinks._naming`): sinks sharing a prefix never touch each other.
+``<token>`` is the sink's identity (:mod:`twophase.naming`): sinks sharing a prefix never touch each other.
 
 One transaction (a task's share of a checkpoint) opens one multipart upload per output file:
 
@@ -41,7 +41,7 @@ from typing import Any, ClassVar, Mapping, Optional, TypedDict
 
 import pyarrow as pa
 
-from twophase.sinks._naming import internal_rel, part_file_name
+from twophase.naming import internal_rel, part_file_name
 from twophase.sinks._s3 import (MIN_PART_SIZE, MultipartStream, abort_lingering_uploads, abort_upload,  # noqa: F401
                                 check_bucket, complete_upload, multipart_etag)
 from twophase.sinks._filelike import FileLikeWriter, check_partition_columns

@@ -1,4 +1,4 @@
-"""Replayable Kafka source, usable without Spark (the embedded runtime) and by ``twophase.spark.kafka``.
+"""Replayable Kafka source, usable without Spark (the embedded runtime) and by ``twophase.sinks.kafka_spark``.
 
 - :class:`KafkaSourceOptions`: the options of Spark's Kafka source that apply (subscribe or assign,
   startingOffsets, maxOffsetsPerTrigger, includeHeaders, kafka.*), validated in one place;
@@ -28,7 +28,8 @@ from typing import Any, Iterator, Mapping, Optional
 
 import pyarrow as pa
 
-from twophase.sinks._kafka_config import kafka_python_config
+from twophase._kafka import kafka_python_config
+from twophase.runtime.sources import Source
 from twophase.sources._kafka_offsets import (KafkaSplit, Offsets, flatten, next_end, normalize, parse_starting_offsets,
                                     plan_splits, resolve_start)
 from twophase._logging import get_logger
@@ -353,41 +354,43 @@ class _KafkaPartitionReader:
             self.consumer.close()
 
 
-def runtime_source(raw_options: Mapping[str, Any], *, bounded: bool = False) -> Any:
+class KafkaRuntimeSource(Source):
     """The same Kafka source for :mod:`twophase.runtime`: one split per topic-partition (``topic-partition``),
     the position is the next offset. ``bounded=True`` stops at the offsets available when the job first
     asks for its splits (like Spark's availableNow); otherwise the splits never finish."""
-    from twophase.runtime.sources import Source
 
-    class KafkaRuntimeSource(Source):
-        def __init__(self) -> None:
-            self.options = KafkaSourceOptions.from_options(raw_options)
-            self.bounded = bounded
-            self._start: Optional[Offsets] = None
-            self._end: Optional[Offsets] = None
+    def __init__(self, raw_options: Mapping[str, Any], *, bounded: bool = False) -> None:
+        self.options = KafkaSourceOptions.from_options(raw_options)
+        self.bounded = bounded
+        self._start: Optional[Offsets] = None
+        self._end: Optional[Offsets] = None
 
-        def _plan(self) -> None:
-            if self._start is None:
-                reader = KafkaOffsetReader(self.options)
-                try:
-                    self._start = reader.initial_offset()
-                    self._end = reader.available() if bounded else None
-                finally:
-                    reader.close()
+    def _plan(self) -> tuple[Offsets, Optional[Offsets]]:
+        if self._start is None:
+            reader = KafkaOffsetReader(self.options)
+            try:
+                self._start = reader.initial_offset()
+                self._end = reader.available() if self.bounded else None
+            finally:
+                reader.close()
+        return self._start, self._end
 
-        def splits(self) -> list[str]:
-            self._plan()
-            return [f"{t}-{p}" for t, ps in sorted(self._start.items()) for p in sorted(ps, key=int)]
+    def splits(self) -> list[str]:
+        start, _ = self._plan()
+        return [f"{t}-{p}" for t, ps in sorted(start.items()) for p in sorted(ps, key=int)]
 
-        def open_reader(self, split_id: str, position: Optional[Any]) -> _KafkaPartitionReader:
-            self._plan()
-            topic, _, part = split_id.rpartition("-")
-            start = int(position) if position is not None else int(self._start[topic][part])
-            end = int(self._end[topic][part]) if self._end is not None else None
-            return _KafkaPartitionReader(self.options, topic, int(part), start, end)
+    def open_reader(self, split_id: str, position: Optional[Any]) -> _KafkaPartitionReader:
+        start, end = self._plan()
+        topic, _, part = split_id.rpartition("-")
+        first = int(position) if position is not None else int(start[topic][part])
+        last = int(end[topic][part]) if end is not None else None
+        return _KafkaPartitionReader(self.options, topic, int(part), first, last)
 
-    return KafkaRuntimeSource()
+
+def runtime_source(raw_options: Mapping[str, Any], *, bounded: bool = False) -> KafkaRuntimeSource:
+    """:class:`KafkaRuntimeSource` of ``raw_options`` (Spark's option names)."""
+    return KafkaRuntimeSource(raw_options, bounded=bounded)
 
 
 __all__ = ["KafkaSource", "KafkaSourceOptions", "KafkaOffsetReader", "KafkaSplitReader", "KafkaSplit",
-           "arrow_schema", "SPARK_SCHEMA_DDL", "HEADERS_DDL", "flatten", "runtime_source"]
+           "arrow_schema", "SPARK_SCHEMA_DDL", "HEADERS_DDL", "flatten", "KafkaRuntimeSource", "runtime_source"]

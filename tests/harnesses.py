@@ -13,7 +13,7 @@ from typing import Any, Optional
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from twophase.sinks._naming import own_part_checkpoint
+from twophase.naming import own_part_checkpoint
 from twophase.testing import SinkHarness
 
 

@@ -92,7 +92,7 @@ def test_redact_non_secret_names_keep_their_values(name) -> None:
 
 
 def test_redact_sink_token_the_naming_digest_is_not_a_secret() -> None:
-    # twophase.sinks._naming names every file with it: masking it would make logs about files useless
+    # twophase.naming names every file with it: masking it would make logs about files useless
     token = sink_token("s")
     assert redact_mapping({"sink_token": token}) == {"sink_token": token}
 

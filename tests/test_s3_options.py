@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from twophase.sinks.delta import delta_storage_options
-from twophase.sinks._naming import own_part_checkpoint
+from twophase.naming import own_part_checkpoint
 from twophase.sinks._s3 import multipart_etag
 from twophase.sinks.s3 import S3Sink, S3SinkOptions, object_name
 from twophase.errors import ConfigurationError

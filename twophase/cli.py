@@ -27,7 +27,7 @@ from twophase.log import TransactionLog
 
 def _resolve_log_location(location: str, sink_id: Optional[str] = None) -> str:
     """A log directory as given, or the log of the sink (``sink_id``, or the only one) under an output path."""
-    from twophase.sinks._naming import INTERNAL_DIR, default_log_location
+    from twophase.naming import INTERNAL_DIR, default_log_location
     internal = os.path.join(location, INTERNAL_DIR)
     if "://" in location or not os.path.isdir(internal):
         return location

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from twophase.sinks._naming import default_log_location
+from twophase.naming import default_log_location
 from _support import S3Server, assert_exactly_once, crash_chain, log_states
 
 pytestmark = [pytest.mark.spark, pytest.mark.s3, pytest.mark.slow]

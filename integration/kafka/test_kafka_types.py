@@ -1,7 +1,7 @@
 """twophase-kafka column types, as Spark's Kafka sink takes them: key/value string or binary, topic string,
 partition int, headers array<struct<key: string, value: binary>>. They round-trip byte for byte (nulls,
 empty values, non-ASCII text); any other type is refused on the driver with the column, its type and the
-fix (see twophase/spark/_types.py). One SparkSession for the module.
+fix (see sinks/_spark_types.py). One SparkSession for the module.
 """
 
 from __future__ import annotations

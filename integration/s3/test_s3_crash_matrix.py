@@ -15,7 +15,7 @@ import io
 import pyarrow.parquet as pq
 import pytest
 
-from twophase.sinks._naming import default_log_location
+from twophase.naming import default_log_location
 from _support import S3Server, assert_exactly_once, crash_chain, log_states
 
 pytestmark = [pytest.mark.spark, pytest.mark.s3, pytest.mark.slow]

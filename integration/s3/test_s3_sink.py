@@ -10,7 +10,7 @@ import pytest
 
 from _support import S3Server
 from twophase.testing import abort, abort_lingering, commit
-from twophase.sinks._naming import own_part_checkpoint
+from twophase.naming import own_part_checkpoint
 from twophase.sinks._s3 import complete_upload
 from twophase.sinks.s3 import S3Sink
 from twophase.coordinator import CheckpointCoordinator

@@ -21,7 +21,7 @@ _log = get_logger(__name__)
 #: "module:Class" of every Spark data source twophase offers; optional ones are skipped if their extra is missing
 DATA_SOURCES: tuple[str, ...] = (
     "twophase.sinks.files_spark:FileDataSource",
-    "twophase.spark.kafka:KafkaDataSource",
+    "twophase.sinks.kafka_spark:KafkaDataSource",
     "twophase.sinks.s3_spark:S3DataSource",
     "twophase.sinks.delta_spark:DeltaDataSource",
 )

@@ -29,8 +29,10 @@ def foreach_batch(sink: SinkSpec[Any], *, owner: str | None = None) -> Callable[
 
     def write_batch(df: Any, batch_id: int) -> None:
         from twophase.spark.datasource import prepare_sink
-        from twophase.spark._types import check_sink_columns
-        check_sink_columns("foreach_batch", sink, df.schema)
+        from twophase.spark import data_source_for
+        fmt = data_source_for(sink)  # the sink's registered format refuses columns it cannot write
+        if fmt is not None:
+            fmt.check_sink_columns("foreach_batch", sink, df.schema)
         prepare_sink(sink, owner, what="foreach_batch")
 
         def task(batches: Iterator[Any]) -> Iterator[Any]:

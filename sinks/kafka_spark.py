@@ -1,4 +1,5 @@
-"""Spark format ``twophase-kafka``: the exactly-once Kafka sink (writeStream) and the replayable source (readStream).
+"""Spark format ``twophase-kafka`` (registered by :mod:`twophase.spark`): the exactly-once Kafka sink
+(writeStream) and the replayable source (readStream); one format, so it lives with the sink.
 
 Sink: ``df.writeStream.format("twophase-kafka").option("kafka.bootstrap.servers", ...).option("topic", ...)``
 with columns key, value, and optionally topic, partition, headers — see :mod:`twophase.sinks.kafka`.
@@ -21,7 +22,7 @@ from pyspark.sql.types import StructType
 from twophase.sinks.kafka import KafkaSink
 from twophase.sources._kafka_offsets import KafkaSplit
 from twophase.sources.kafka import HEADERS_DDL, SPARK_SCHEMA_DDL, KafkaSource, KafkaSourceOptions, KafkaSplitReader
-from twophase.spark._types import check_kafka_columns
+from twophase.sinks._spark_types import check_kafka_columns
 from twophase.spark.datasource import TwoPhaseSinkDataSource
 
 
@@ -98,6 +99,7 @@ class KafkaDataSource(TwoPhaseSinkDataSource):
     """``format("twophase-kafka")``: exactly-once Kafka writes and replayable Kafka reads."""
 
     short_name = "twophase-kafka"
+    spec_class = KafkaSink
 
     def schema(self) -> str:
         include = str(self.options.get("includeheaders", self.options.get("includeHeaders", "false"))).lower()
@@ -106,8 +108,12 @@ class KafkaDataSource(TwoPhaseSinkDataSource):
     def build_sink(self, schema: StructType) -> KafkaSink:
         """Parse the options and columns, then refuse key/value/topic/partition/headers of the wrong type."""
         sink = KafkaSink.from_options(dict(self.options), schema)
-        check_kafka_columns(self.short_name, schema)
+        self.check_sink_columns(self.short_name, sink, schema)
         return sink
+
+    @classmethod
+    def check_sink_columns(cls, what: str, sink: KafkaSink, schema: StructType) -> None:
+        check_kafka_columns(what, schema)
 
     def streamReader(self, schema: StructType) -> KafkaStreamReader:
         return KafkaStreamReader(KafkaSourceOptions.from_options(dict(self.options)))

@@ -154,16 +154,6 @@ def check_partition_columns(sink: str, schema: T.StructType, fmt: str, partition
                 f"date_format(ts, 'yyyy-MM-dd-HH') or cast(... as string)) or by a column of type {kinds}")
 
 
-def check_sink_columns(what: str, sink: Any, schema: T.StructType) -> None:
-    """:func:`check_columns` for a sink built outside a twophase format (``foreach_batch(sink)``): the
-    registered data source of the sink's class checks it (see :func:`twophase.spark.data_source_for`);
-    a sink no format is registered for is not checked."""
-    from twophase.spark import data_source_for
-    cls = data_source_for(sink)
-    if cls is not None:
-        cls.check_sink_columns(what, sink, schema)
-
-
 #: Spark's Kafka sink columns and the types it accepts (key/value: string or binary)
 _KAFKA_COLUMNS: dict[str, tuple[tuple[type, ...], str]] = {
     "key": ((T.StringType, T.BinaryType), "cast it to string or binary, e.g. cast(key as string) or to_json(...)"),
