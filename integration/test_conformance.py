@@ -12,10 +12,10 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 
-from harnesses import DeltaHarness, S3Harness  # noqa: E402
+from harnesses import DeltaHarness, KafkaHarness, S3Harness  # noqa: E402
 from twophase.testing import CONFORMANCE_CHECKS, SinkHarness  # noqa: E402
 
-SINKS = ["s3", "delta-s3"]
+SINKS = ["s3", "delta-s3", "kafka"]
 
 
 def _harness(kind: str, request: Any) -> SinkHarness:
@@ -27,6 +27,11 @@ def _harness(kind: str, request: Any) -> SinkHarness:
         storage = {"AWS_ENDPOINT_URL": server.endpoint, "AWS_ACCESS_KEY_ID": server.access_key,
                    "AWS_SECRET_ACCESS_KEY": server.secret_key, "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"}
         return DeltaHarness(f"s3://{bucket}/table", server.options(), storage)
+    if kind == "kafka":
+        from integration.kafka.broker import create_topic, unique
+        bootstrap = request.getfixturevalue("kafka_bootstrap")
+        tmp = request.getfixturevalue("tmp_path")
+        return KafkaHarness(bootstrap, create_topic(bootstrap, unique("conf"), 2), str(tmp))
     raise ValueError(kind)
 
 

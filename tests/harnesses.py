@@ -104,3 +104,63 @@ class S3Harness(SinkHarness):
     def leftovers(self, sink: Any) -> int:
         ups = self.client.list_multipart_uploads(Bucket=self.bucket, Prefix=f"{self.prefix}/").get("Uploads", ())
         return len([u for u in ups if own_part_checkpoint(u["Key"].rsplit("/", 1)[-1], sink.sink_id) is not None])
+
+
+class KafkaHarness(SinkHarness):
+    """twophase-kafka on a fresh topic of a real broker; rows are ``key``/``value`` with the id in the value.
+
+    The broker here (noida-db) answers NoError to an EndTxn after an abort while the records stay
+    invisible, so "commit of an aborted committable is LOST" cannot be checked on it (the records stay
+    invisible either way, which the suite still checks through a read_committed reader)."""
+
+    name = "kafka"
+    lost_undetectable = "noida-db answers NoError to an EndTxn(commit) after an abort"
+
+    def __init__(self, bootstrap: str, topic: str, work_dir: str) -> None:
+        self.bootstrap, self.topic, self.work_dir = bootstrap, topic, work_dir
+        self._sinks: list[Any] = []
+
+    def make_sink(self, sink_id: str) -> Any:
+        import uuid
+
+        from twophase.sinks.kafka import KafkaSink
+        raw = {"kafka.bootstrap.servers": self.bootstrap, "topic": self.topic, "sink.id": sink_id,
+               "checkpointLocation": os.path.join(self.work_dir, f"ck-{sink_id}"),
+               "prefixRegistry": os.path.join(self.work_dir, "registry"),
+               "transactionalIdPrefix": f"{sink_id}-{uuid.uuid4().hex[:8]}",
+               "kafka.transaction.timeout.ms": "900000"}
+        s = KafkaSink.from_options(raw, self.batch(0, 1).schema)
+        s.validate_destination()
+        self._sinks.append(s)
+        return s
+
+    def batch(self, lo: int, n: int) -> Any:
+        return pa.RecordBatch.from_pydict({"key": [b"k%d" % i for i in range(lo, lo + n)],
+                                           "value": [b"%d" % i for i in range(lo, lo + n)]},
+                                          schema=pa.schema([("key", pa.binary()), ("value", pa.binary())]))
+
+    def visible_ids(self) -> list[int]:
+        from kafka import KafkaConsumer, TopicPartition
+        c = KafkaConsumer(bootstrap_servers=self.bootstrap, isolation_level="read_committed",
+                          enable_auto_commit=False, auto_offset_reset="earliest")
+        try:
+            tps = [TopicPartition(self.topic, p) for p in sorted(c.partitions_for_topic(self.topic) or ())]
+            c.assign(tps)
+            c.seek_to_beginning(*tps)
+            end = c.end_offsets(tps)
+            out: list[int] = []
+            while any(c.position(tp) < end[tp] for tp in tps):
+                for recs in c.poll(timeout_ms=500).values():
+                    out += [int(r.value) for r in recs if r.offset < end[TopicPartition(r.topic, r.partition)]]
+            return sorted(out)
+        finally:
+            c.close()
+
+    def leftovers(self, sink: Any) -> int:
+        """Open (Ongoing) transactions of this sink's transactional-id prefix: they hold back every
+        read_committed reader until aborted."""
+        return len(sink._client().list_transactions(sink.prefix + "-") or ())
+
+    def close(self) -> None:
+        for s in self._sinks:
+            s.close()
