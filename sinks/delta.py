@@ -235,7 +235,7 @@ class _LocalFiles:
 
 
 class _S3Files:
-    """Data files on S3: each is a multipart upload, completed at pre_commit (a Delta commit makes it visible)."""
+    """Data files on S3: each is a multipart upload, completed at prepare_commit (a Delta commit makes it visible)."""
 
     def __init__(self, uri: str, config: S3Config, part_size: int) -> None:
         self.bucket, self.prefix = parse_s3_url(uri)

@@ -16,7 +16,7 @@ final name, relative to ``path``.
 Invariants (``test_file_sink_invN_*``):
 
 1. A file appears in the final directory only through ``commit``, whole: it was fsynced at
-   ``pre_commit`` and is hard-linked into place (atomic, never overwriting), then unlinked from staging.
+   ``prepare_commit`` and is hard-linked into place (atomic, never overwriting), then unlinked from staging.
 2. ``commit`` is idempotent: a file whose final name exists (and whose staged copy is gone or is the
    same inode) is already committed; a file missing from both places is reported LOST (the
    coordinator stops with DataLossError).

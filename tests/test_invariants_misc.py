@@ -45,7 +45,7 @@ def _write(s, cid, task, lo):
 
 def test_sink_inv1_nothing_visible_before_commit(tmp_path):
     """File sink, the fast-testable reference of the contract. Fails if any row is readable after
-    write/pre_commit but before ``commit`` of the handle."""
+    write/prepare_commit but before ``commit`` of the handle."""
     s = _file_sink(tmp_path)
     ack = _write(s, 0, "0", 0)
     assert _ids(str(tmp_path / "out")) == []
@@ -54,7 +54,7 @@ def test_sink_inv1_nothing_visible_before_commit(tmp_path):
 
 
 def test_sink_inv2_commit_is_idempotent_and_lost_data_raises(tmp_path):
-    """Fails if a second ``commit``/``recover_and_commit`` of a committed handle writes a second copy,
+    """Fails if a second ``commit`` (also at recovery) of a committed handle writes a second copy,
     or if a handle whose data is gone is committed silently (no DataLossError)."""
     s = _file_sink(tmp_path)
     ack = _write(s, 0, "0", 0)

@@ -15,7 +15,7 @@ The protocol, step by step (marked ``# step N`` in the code):
 Invariants (named in tests as ``test_coordinator_invN_*``):
 
 1. The completed checkpoint is durable before any transaction of it is committed.
-2. commit and recover_and_commit are idempotent per checkpoint id: a COMMITTED checkpoint is never
+2. commit (also at recovery) is idempotent per checkpoint id: a COMMITTED checkpoint is never
    committed again, and handles arriving for it (a re-run or retried commit) are aborted.
 3. A notification for checkpoint n commits every completed, uncommitted checkpoint <= n, in order.
 4. Handles of a declined, expired or subsumed checkpoint are aborted, never committed.

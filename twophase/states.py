@@ -23,7 +23,7 @@ a final state that records the loss (never taken for COMMITTED, never silent)::
 
 Transaction states (one per sink transaction, i.e. per task and checkpoint)::
 
-    OPEN ──pre_commit──► PRE_COMMITTED ──commit──► COMMITTED
+    OPEN ──prepare_commit──► PRE_COMMITTED ──commit──► COMMITTED
       │                        │
       └────────abort───────────┴──abort──► ABORTED
 

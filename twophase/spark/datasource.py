@@ -7,7 +7,8 @@ A micro-batch is a checkpoint. Where each piece runs:
   query (its ``checkpointLocation``, and the query's persistent id from ``<checkpointLocation>/metadata``
   when that is a local path: a deleted and recreated checkpoint is refused before any data moves),
   and runs recovery, which is cheap when there is nothing to do.
-- ``write()`` runs on executors, once per partition attempt: begin, write, pre_commit; the returned
+- ``write()`` runs on executors, once per partition attempt: the one task driver (:class:`~twophase.sink.TaskDriver`)
+  creates the writer, writes, prepare_commit; the returned
   commit message is the task's ack and carries the JSON handle. The batch id comes from Spark's
   ``streaming.sql.batchId`` local property.
 - ``commit(messages, batchId)`` runs on the driver in a separate, long-lived Python worker and may be
