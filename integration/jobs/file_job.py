@@ -19,18 +19,10 @@ import argparse
 import logging
 import os
 import sys
-import time
-from typing import Any, Callable, Iterator
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-def _paced(seconds: float, rows: int) -> Callable[[Iterator[Any]], Iterator[Any]]:
-    """A mapInPandas function passing every row through, sleeping ``seconds`` before each ``rows`` rows."""
-    def paced(frames: Iterator[Any]) -> Iterator[Any]:
-        for frame in frames:
-            for start in range(0, len(frame), rows):
-                time.sleep(seconds)
-                yield frame.iloc[start:start + rows]
-    return paced
+from jobkit import add_spark_arguments, paced, run_query, spark_session  # noqa: E402
 
 
 def main() -> int:
@@ -44,58 +36,29 @@ def main() -> int:
     ap.add_argument("--guarantee", default="exactly-once")
     ap.add_argument("--files-per-batch", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=240)
-    ap.add_argument("--master", default="", help="Spark master URL; default local[max(2, partitions)]")
-    ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark setting")
     ap.add_argument("--app-name", default="twophase-file-job")
-    ap.add_argument("--app-id-file", default="", help="write the Spark application id here once started")
-    ap.add_argument("--pace", type=float, default=0.0, help="seconds to sleep before each --pace-rows rows")
-    ap.add_argument("--pace-rows", type=int, default=20)
+    add_spark_arguments(ap)
     args = ap.parse_args()
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    from pyspark.sql import SparkSession
     import twophase.spark
 
-    builder = (SparkSession.builder.master(args.master or f"local[{max(2, args.partitions)}]")
-               .appName(args.app_name)
-               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", str(args.partitions)))
+    settings = [("spark.sql.shuffle.partitions", str(args.partitions))]
     if args.pace > 0:
-        builder = builder.config("spark.sql.execution.arrow.maxRecordsPerBatch", str(args.pace_rows))
-    for kv in args.conf:
-        key, sep, value = kv.partition("=")
-        if not sep:
-            ap.error(f"--conf {kv!r}: expected KEY=VALUE")
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    if args.app_id_file:
-        with open(args.app_id_file + ".tmp", "w") as f:
-            f.write(spark.sparkContext.applicationId)
-        os.replace(args.app_id_file + ".tmp", args.app_id_file)
+        settings.append(("spark.sql.execution.arrow.maxRecordsPerBatch", str(args.pace_rows)))
+    spark = spark_session(ap, args, master=args.master or f"local[{max(2, args.partitions)}]",
+                          app_name=args.app_name, settings=settings)
     twophase.spark.register(spark)
     df = (spark.readStream.schema("id LONG, grp STRING, payload STRING")
           .option("maxFilesPerTrigger", args.files_per_batch).json(args.input))
     df = df.repartition(args.partitions)
     if args.pace > 0:
-        df = df.mapInPandas(_paced(args.pace, args.pace_rows), schema=df.schema)
+        df = df.mapInPandas(paced(args.pace, args.pace_rows), schema=df.schema)
     w = (df.writeStream.format("twophase-file").option("path", args.out).option("format", args.format)
          .option("checkpointLocation", args.checkpoint).option("guarantee", args.guarantee)
          .trigger(availableNow=True))
     if args.partition_by:
         w = w.option("partitionBy", args.partition_by)
-    started = time.time()
-    q = w.start()
-    finished = q.awaitTermination(args.timeout)
-    if not finished:
-        q.stop()
-        print(f"file_job: timed out after {args.timeout}s", file=sys.stderr)
-        return 3
-    if q.exception() is not None:
-        print(f"file_job: query failed: {q.exception()}", file=sys.stderr)
-        return 2
-    print(f"file_job: done in {time.time() - started:.1f}s, batches={len(q.recentProgress)}")
-    spark.stop()
-    return 0
+    return run_query("file_job", w, args.timeout, spark)
 
 
 if __name__ == "__main__":

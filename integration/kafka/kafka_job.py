@@ -14,7 +14,10 @@ import argparse
 import logging
 import os
 import sys
-import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "jobs"))
+
+from jobkit import run_query  # noqa: E402
 
 
 def main() -> int:
@@ -47,21 +50,7 @@ def main() -> int:
         w = w.option("transactionalIdPrefix", args.prefix)
     if args.registry:
         w = w.option("prefixRegistry", args.registry)
-    started = time.time()
-    q = w.start()
-    finished = q.awaitTermination(args.timeout)
-    if not finished:
-        q.stop()
-        print(f"kafka_job: timed out after {args.timeout}s", file=sys.stderr)
-        return 3
-    if q.exception() is not None:
-        print(f"kafka_job: query failed: {q.exception()}", file=sys.stderr)
-        return 2
-    print(f"kafka_job: done in {time.time() - started:.1f}s, batches={len(q.recentProgress)}")
-    for p in q.recentProgress:
-        print(f"kafka_job: batch {p['batchId']} rows={p['numInputRows']} durations={p['durationMs']}")
-    spark.stop()
-    return 0
+    return run_query("kafka_job", w, args.timeout, spark, progress=True)
 
 
 if __name__ == "__main__":

@@ -24,24 +24,10 @@ import json
 import logging
 import os
 import sys
-import time
-from typing import Any, Callable, Iterator
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "jobs"))
 
-def _slow(pace: float, rows: int, straggle: float) -> Callable[[Iterator[Any]], Iterator[Any]]:
-    """A mapInPandas function passing every row through, paced, with one straggling first attempt."""
-    def slow(frames: Iterator[Any]) -> Iterator[Any]:
-        from pyspark import TaskContext
-        ctx = TaskContext.get()
-        if straggle > 0 and ctx is not None and ctx.partitionId() == 0 and ctx.attemptNumber() == 0:
-            time.sleep(straggle)
-        for frame in frames:
-            step = rows if pace > 0 else max(len(frame), 1)
-            for start in range(0, len(frame), step):
-                if pace > 0:
-                    time.sleep(pace)
-                yield frame.iloc[start:start + step]
-    return slow
+from jobkit import add_spark_arguments, paced, run_query, spark_session  # noqa: E402
 
 
 def main() -> int:
@@ -55,44 +41,25 @@ def main() -> int:
     ap.add_argument("--rows-per-batch", type=int, default=120, help="Kafka source: maxOffsetsPerTrigger")
     ap.add_argument("--files-per-batch", type=int, default=2)
     ap.add_argument("--partitions", type=int, default=2)
-    ap.add_argument("--master", default="local[2]")
-    ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--app-name", default="twophase-nemesis")
-    ap.add_argument("--app-id-file", default="")
     ap.add_argument("--event-log", default="")
-    ap.add_argument("--pace", type=float, default=0.0)
-    ap.add_argument("--pace-rows", type=int, default=20)
     ap.add_argument("--straggle", type=float, default=0.0)
+    add_spark_arguments(ap, master="local[2]")
     ap.add_argument("--timeout", type=float, default=300)
     args = ap.parse_args()
     if bool(args.input) == bool(args.in_topic):
         ap.error("give exactly one of --input and --in-topic")
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
     import twophase.spark
 
-    builder = (SparkSession.builder.master(args.master).appName(args.app_name)
-               .config("spark.ui.enabled", "false")
-               .config("spark.sql.shuffle.partitions", str(args.partitions))
-               .config("spark.sql.streaming.stopTimeout", "30s")
-               .config("spark.sql.execution.arrow.maxRecordsPerBatch", str(max(args.pace_rows, 1))))
+    settings = [("spark.sql.shuffle.partitions", str(args.partitions)), ("spark.sql.streaming.stopTimeout", "30s"),
+                ("spark.sql.execution.arrow.maxRecordsPerBatch", str(max(args.pace_rows, 1)))]
     if args.event_log:
         os.makedirs(args.event_log, exist_ok=True)
-        builder = builder.config("spark.eventLog.enabled", "true").config("spark.eventLog.dir", args.event_log)
-    for kv in args.conf:
-        key, sep, value = kv.partition("=")
-        if not sep:
-            ap.error(f"--conf {kv!r}: expected KEY=VALUE")
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
-    if args.app_id_file:
-        with open(args.app_id_file + ".tmp", "w") as f:
-            f.write(spark.sparkContext.applicationId)
-        os.replace(args.app_id_file + ".tmp", args.app_id_file)
+        settings += [("spark.eventLog.enabled", "true"), ("spark.eventLog.dir", args.event_log)]
+    spark = spark_session(ap, args, master=args.master, app_name=args.app_name, settings=settings, log_level="WARN")
     twophase.spark.register(spark)
 
     if args.input:
@@ -107,23 +74,12 @@ def main() -> int:
                        F.concat(F.lit("row-"), F.col("id").cast("string")).alias("payload"))
     df = df.repartition(args.partitions)
     if args.pace > 0 or args.straggle > 0:
-        df = df.mapInPandas(_slow(args.pace, args.pace_rows, args.straggle), schema=df.schema)
+        df = df.mapInPandas(paced(args.pace, args.pace_rows, args.straggle), schema=df.schema)
     if args.sink == "twophase-kafka":
         df = df.select(F.col("id").cast("string").alias("key"), F.col("id").cast("string").alias("value"))
     w = (df.writeStream.format(args.sink).options(**json.loads(args.options))
          .option("checkpointLocation", args.checkpoint).trigger(availableNow=True))
-    started = time.time()
-    q = w.start()
-    if not q.awaitTermination(args.timeout):
-        q.stop()
-        print(f"nemesis job: timed out after {args.timeout}s", file=sys.stderr)
-        return 3
-    if q.exception() is not None:
-        print(f"nemesis job: query failed: {q.exception()}", file=sys.stderr)
-        return 2
-    print(f"nemesis job: done in {time.time() - started:.1f}s, batches={len(q.recentProgress)}")
-    spark.stop()
-    return 0
+    return run_query("nemesis job", w, args.timeout, spark)
 
 
 if __name__ == "__main__":
