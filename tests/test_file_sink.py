@@ -188,3 +188,14 @@ def test_filelike_inv1_abort_drops_open_and_finished_files(tmp_path):
     w.abort()
     assert [f for _, _, fs in os.walk(s.staging) for f in fs] == []
     assert visible_ids(s.root, "json") == []
+
+
+def test_file_sink_complete_output_mode_is_refused_not_appended(tmp_path):
+    """outputMode('complete') reaches a Python sink as streamWriter(overwrite=True); appending each
+    micro-batch's full result would silently multiply the rows. Fails if the format accepts it."""
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    from twophase.sinks.files_spark import FileDataSource
+    ds_ = FileDataSource({"path": str(tmp_path / "o"), "checkpointLocation": str(tmp_path / "ck")})
+    with pytest.raises(ConfigurationError, match=r"outputMode\('complete'\)"):
+        ds_.streamWriter(StructType([StructField("id", LongType())]), True)

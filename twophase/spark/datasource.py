@@ -160,6 +160,11 @@ class TwoPhaseSinkDataSource(DataSource, abc.ABC):
         """Validate ``self.options`` and build the sink (driver side; raises ConfigurationError)."""
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> TwoPhaseStreamWriter:
+        if overwrite:  # Spark asks a sink to truncate for outputMode("complete")
+            raise ConfigurationError(
+                f"{self.short_name}: outputMode('complete') is not supported (each micro-batch would be appended, "
+                "not replace the previous result); use outputMode('append'), or write the aggregate with "
+                "foreachBatch")
         sink = self.build_sink(schema)
         prepare_sink(sink, self.options.get("checkpointlocation"), what=self.short_name)
         return TwoPhaseStreamWriter(sink)
