@@ -12,12 +12,18 @@ Protocol (``# step N`` in the code):
    DescribeTransactions, never one with an open transaction); ``init_transactions`` on it;
    ``begin_transaction``.
 2. write (executor): every row becomes a record (columns ``key``, ``value``, ``topic``, ``partition``,
-   ``headers`` as in Spark's Kafka sink); every send gets a callback that counts its acknowledgement.
+   ``headers`` as in Spark's Kafka sink); every record's delivery report is counted per partition.
 3. prepare_commit (executor): ``flush``; every record sent must be acknowledged (invariant 6), and the
    id must still be ours (DescribeTransactions: Ongoing with our producer id and epoch); the
    committable (:class:`KafkaCommittable`) carries ``transactional_id, producer_id, epoch, partitions:
    [{topic, partition, first_offset, last_offset, records}], records``. The task ends WITHOUT
-   committing or aborting: the transaction stays open.
+   committing or aborting: the transaction stays open (the librdkafka producer is dropped, never
+   closed: ``Producer.close()`` aborts the open transaction).
+
+The producer (option ``kafkaClient``): :class:`KafkaWriter`, librdkafka through confluent-kafka (the
+default; producer id and epoch from librdkafka's statistics), or :class:`KafkaPythonWriter`,
+kafka-python's producer. Both follow steps 1-3 and every invariant below; the driver's requests
+(step 4-5, :mod:`twophase.sinks._kafka_txn`) use kafka-python's protocol classes either way.
 4. commit (driver): ``EndTxn(commit)`` carrying the committable's id, producer id and epoch, sent by the
    driver's own connection (see :mod:`twophase.sinks._kafka_txn`); committables are committed in
    parallel (``commitParallelism``) and the coordinator records COMMITTED in the log. The
