@@ -116,6 +116,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import re
 import socket
@@ -962,6 +963,8 @@ class RdKafkaTransaction:
         return sum(t[0] for t in self.tracks.values())
 
 
+#: the Python logger librdkafka's log lines go to
+LIBRDKAFKA_LOGGER = "twophase.sinks.kafka.librdkafka"
 #: records produced between two ``poll(0)`` calls (delivery reports hold queue space until served)
 _POLL_EVERY = 5000
 
@@ -996,7 +999,9 @@ class KafkaWriter(_KafkaWriterBase):
             raise MissingDependencyError("twophase-kafka's default producer needs confluent-kafka: pip install "
                                          "'twophase[kafka]' (or set option kafkaClient=kafka-python)") from e
         cfg = {**self.PRODUCER_DEFAULTS, **librdkafka_config(self.options.producer_config, what=SINK),
-               "on_delivery": txn.on_delivery, "error_cb": txn.on_error}
+               "on_delivery": txn.on_delivery, "error_cb": txn.on_error,
+               # librdkafka's own log lines go to Python logging (served in poll/flush), not raw to stderr
+               "logger": logging.getLogger(LIBRDKAFKA_LOGGER)}
         if txn.transactional_id is not None:
             cfg.update({"transactional.id": txn.transactional_id,
                         "transaction.timeout.ms": self.options.transaction_timeout_ms,
