@@ -193,3 +193,13 @@ def test_kafka_sink_creates_the_writer_of_its_client():
     from twophase.sinks.kafka import KafkaPythonWriter, KafkaWriter
     assert not issubclass(KafkaPythonWriter, KafkaWriter) and not issubclass(KafkaWriter, KafkaPythonWriter)
     assert KafkaSink.from_options(BASE, SCHEMA).options.client == "librdkafka"
+
+
+@pytest.mark.parametrize("key", ["kafka.ssl.keystore.location", "kafka.ssl.truststore.location",
+                                 "kafka.ssl.keystore.type"])
+def test_kafka_options_jks_stores_refused_naming_the_pem_settings(key):
+    for client in ("librdkafka", "kafka-python"):
+        with pytest.raises(ConfigurationError, match="kafka.ssl.cafile.*kafka.ssl.certfile.*kafka.ssl.keyfile"):
+            KafkaSinkOptions.from_options({**BASE, key: "/x.jks", "kafkaClient": client}, SCHEMA)
+    with pytest.raises(ConfigurationError, match="PEM"):
+        KafkaSourceOptions.from_options({"kafka.bootstrap.servers": "h:1", "subscribe": "t", key: "/x.jks"})

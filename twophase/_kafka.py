@@ -28,6 +28,12 @@ def kafka_python_config(raw: Mapping[str, Any], defaults: Mapping[str, Any], *, 
             continue
         if name in reserved:
             raise ConfigurationError(f"{what}: option {key!r} cannot be set: {reserved[name]}")
+        if name.startswith(("ssl.keystore.", "ssl.truststore.")):
+            raise ConfigurationError(
+                f"{what}: option {key!r}: JKS / PKCS12 key and trust stores are not read by twophase's Kafka clients; "
+                "convert them to PEM files (keytool -importkeystore -deststoretype PKCS12, then openssl pkcs12) and give "
+                "kafka.ssl.cafile (the CA certificates), kafka.ssl.certfile and kafka.ssl.keyfile (the client's "
+                "certificate and key) and kafka.ssl.password (the key's password, if it is encrypted)")
         arg = name.replace(".", "_")
         if arg == "bootstrap_servers":
             out[arg] = [s.strip() for s in str(value).split(",") if s.strip()]
