@@ -164,11 +164,12 @@ def run_bare_rdkafka(bootstrap: str, n: int, partitions: int) -> dict:
     started = time.perf_counter()
     for start in range(0, n, 5000):
         for i in range(start, min(n, start + 5000)):
-            try:
-                produce(topic, b"%d:%s" % (i, pad), str(i).encode())
-            except BufferError:
-                poll(0.05)
-                produce(topic, b"%d:%s" % (i, pad), str(i).encode())
+            while True:
+                try:
+                    produce(topic, b"%d:%s" % (i, pad), str(i).encode())
+                    break
+                except BufferError:  # the queue is full: serve delivery reports, retry
+                    poll(0.05)
         poll(0)
     p.flush()
     seconds = time.perf_counter() - started
@@ -205,7 +206,9 @@ def main() -> int:
             for r in range(args.rounds):
                 for m in (fast if r % 2 == 0 else fast[::-1]):
                     runs[m].append(run_spark(spark, bootstrap, m, args.rows, args.batches, args.partitions, tmp))
+                    print(f"# {runs[m][-1]}", flush=True)  # progress (the table comes at the end)
             runs["eo-kp"].append(run_spark(spark, bootstrap, "eo-kp", args.kp_rows, args.batches, args.partitions, tmp))
+            print(f"# {runs['eo-kp'][-1]}", flush=True)
             res = {m: merge(rs) for m, rs in runs.items()}
         finally:
             spark.stop()
