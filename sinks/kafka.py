@@ -12,12 +12,18 @@ Protocol (``# step N`` in the code):
    DescribeTransactions, never one with an open transaction); ``init_transactions`` on it;
    ``begin_transaction``.
 2. write (executor): every row becomes a record (columns ``key``, ``value``, ``topic``, ``partition``,
-   ``headers`` as in Spark's Kafka sink); every send gets a callback that counts its acknowledgement.
+   ``headers`` as in Spark's Kafka sink); every record's delivery report is counted per partition.
 3. prepare_commit (executor): ``flush``; every record sent must be acknowledged (invariant 6), and the
    id must still be ours (DescribeTransactions: Ongoing with our producer id and epoch); the
    committable (:class:`KafkaCommittable`) carries ``transactional_id, producer_id, epoch, partitions:
    [{topic, partition, first_offset, last_offset, records}], records``. The task ends WITHOUT
-   committing or aborting: the transaction stays open.
+   committing or aborting: the transaction stays open (the librdkafka producer is dropped, never
+   closed: ``Producer.close()`` aborts the open transaction).
+
+The producer (option ``kafkaClient``): :class:`KafkaWriter`, librdkafka through confluent-kafka (the
+default; producer id and epoch from librdkafka's statistics), or :class:`KafkaPythonWriter`,
+kafka-python's producer. Both follow steps 1-3 and every invariant below; the driver's requests
+(step 4-5, :mod:`twophase.sinks._kafka_txn`) use kafka-python's protocol classes either way.
 4. commit (driver): ``EndTxn(commit)`` carrying the committable's id, producer id and epoch, sent by the
    driver's own connection (see :mod:`twophase.sinks._kafka_txn`); committables are committed in
    parallel (``commitParallelism``) and the coordinator records COMMITTED in the log. The
@@ -110,20 +116,23 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import re
 import socket
 import threading
 import time
+import types
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping, Optional, TypedDict
 
 import pyarrow as pa
 
-from twophase._kafka import kafka_python_config
+from twophase._kafka import kafka_python_config, librdkafka_config
 from twophase._logging import get_logger
 from twophase._redact import is_secret_name, redact_text, redact_values, safe_repr
-from twophase.errors import ConcurrentWriterError, ConfigurationError, FencedError, TransientSinkError
+from twophase.errors import (ConcurrentWriterError, ConfigurationError, FencedError, MissingDependencyError,
+                             TransientSinkError)
 from twophase.log import LogStore, TransactionLog, decode_record, encode_record
 from twophase.log_s3 import S3_CLIENT_OPTIONS, S3_SCHEMES, S3Config, open_log_store, parse_s3_url, s3_config_from
 from twophase.options import Option, parse_duration_ms, parse_positive_int, parse_options
@@ -167,9 +176,22 @@ KAFKA_SINK_OPTIONS: tuple[Option[Any], ...] = (
            "on S3, else $TWOPHASE_STATE_DIR/kafka-prefixes or ~/.twophase/kafka-prefixes, which is on the driver "
            "host's disk: on a cluster put the checkpoint or log on S3 or a shared filesystem, and this with it"),
     Option("commitParallelism", parse_positive_int, 8, help="threads committing the transactions of a checkpoint"),
+    Option("kafkaClient", lambda v: _parse_client(v), "librdkafka",
+           help="the executors' producer: 'librdkafka' (confluent-kafka, the default) or 'kafka-python'"),
     # how to reach S3 for a log and prefix registry on S3 (as the twophase-s3 and twophase-delta sinks)
     *S3_CLIENT_OPTIONS,
 )
+
+
+#: option kafkaClient: the executors' producer library
+CLIENTS = ("librdkafka", "kafka-python")
+
+
+def _parse_client(value: str) -> str:
+    v = str(value).strip().lower()
+    if v not in CLIENTS:
+        raise ValueError(f"expected one of {', '.join(CLIENTS)}")
+    return v
 
 
 def _is_s3(location: Optional[str]) -> bool:
@@ -213,6 +235,8 @@ class KafkaSinkOptions:
     prefix_registry: Optional[str] = None
     commit_parallelism: int = 8
     columns: tuple[str, ...] = ()
+    #: the executors' producer library (option kafkaClient): "librdkafka" or "kafka-python"
+    client: str = "librdkafka"
     #: endpoint and credentials of a log / prefix registry on S3 (``s3.*`` options); its repr masks the secrets
     s3: S3Config = field(default_factory=S3Config)
 
@@ -260,6 +284,8 @@ class KafkaSinkOptions:
             raise ConfigurationError(f"{SINK}: option 'transactionalIdPrefix'={prefix!r} may use only letters, "
                                      "digits, '.', '_' and '-' (at most 200 characters)")
         timeout = int(cfg.pop("transaction_timeout_ms", DEFAULT_TRANSACTION_TIMEOUT_MS))
+        if o["kafkaClient"] == "librdkafka":
+            librdkafka_config(cfg, what=SINK)  # every setting must have a librdkafka counterpart
         if guarantee is Guarantee.EXACTLY_ONCE:
             if cfg.get("enable_idempotence") is False:
                 raise ConfigurationError(f"{SINK}: kafka.enable.idempotence=false cannot be exactly-once; drop it "
@@ -278,7 +304,7 @@ class KafkaSinkOptions:
                    transaction_timeout_ms=timeout, trigger_interval_ms=interval, sink_id=sink_id,
                    guarantee=guarantee, log_location=o["log.location"], log_retain=o["log.retain"], owner=owner,
                    prefix_registry=o["prefixRegistry"], commit_parallelism=o["commitParallelism"],
-                   columns=tuple(names), s3=s3_config_from(o))
+                   columns=tuple(names), s3=s3_config_from(o), client=o["kafkaClient"])
 
     def connection_config(self) -> dict[str, Any]:
         """The kafka-python settings that matter for a connection (security, timeouts, client id)."""
@@ -655,21 +681,25 @@ class KafkaSink(SinkSpec[KafkaCommittable]):
 
     # ---- the writer and the committer
 
-    def create_writer(self, context: TransactionContext) -> "KafkaWriter":
+    def create_writer(self, context: TransactionContext) -> "_KafkaWriterBase":
+        """A librdkafka writer (:class:`KafkaWriter`), or a kafka-python one with ``kafkaClient=kafka-python``."""
+        if self.options.client == "kafka-python":
+            return KafkaPythonWriter(self, context)
         return KafkaWriter(self, context)
 
     def create_committer(self) -> "KafkaCommitter":
         return KafkaCommitter(self)
 
 
-class KafkaWriter(SinkWriter[KafkaCommittable]):
+class _KafkaWriterBase(SinkWriter[KafkaCommittable]):
     """Task side (steps 1-3): one producer and its Kafka transaction, for one task attempt and checkpoint.
 
     The transaction begins when the writer is created (step 1); ``transaction`` may be given instead,
-    already begun (tests drive a writer over a fake producer)."""
+    already begun (tests drive a writer over a fake producer). The two producers (option
+    ``kafkaClient``) share the id probing (invariant 4) and the pre-commit ownership check."""
 
     def __init__(self, sink: KafkaSink, context: TransactionContext, *,
-                 transaction: Optional[KafkaTransaction] = None) -> None:
+                 transaction: Any = None) -> None:
         super().__init__(context)
         self.sink = sink
         self.options = sink.options
@@ -682,6 +712,53 @@ class KafkaWriter(SinkWriter[KafkaCommittable]):
     @property
     def producer(self) -> Any:
         return self.txn.producer
+
+    def _choose_id(self, context: TransactionContext) -> tuple[str, Any]:
+        """Invariant 4: the first candidate id with no open transaction, and what the probe saw of it
+        (``None``: unknown id; ``False``: the broker cannot describe, so no probe)."""
+        candidates = self.sink._candidate_ids(context)
+        states = self.sink._client().describe(candidates)
+        if states is None:
+            return candidates[0], False
+        idle = [t for t in candidates if states[t] is None or states[t].state != "Empty" and not states[t].is_open]
+        empty = [t for t in candidates if states[t] is not None and states[t].state == "Empty"]
+        for tid in idle + empty:
+            return tid, states[tid]
+        raise TransientSinkError(
+            f"{SINK}: every transactional id slot of task {context.task_id} for checkpoint {context.checkpoint_id} "
+            f"has an open transaction ({', '.join(candidates)}); they may hold prepared data, so none is "
+            f"re-initialised. Raise option 'transactionalIdAttempts' (now {self.options.attempt_slots}); lingering "
+            "ones are aborted once a checkpoint of that generation commits")
+
+    def _check_still_ours(self, pe: Any) -> None:
+        """Invariant 4: at pre_commit the id must be Ongoing with our producer id and epoch."""
+        tid = self.txn.transactional_id
+        states = self.sink._client().describe([tid])
+        if states is None:
+            return
+        st = states.get(tid)
+        if st is None or st.state != "Ongoing" or (st.producer_id, st.epoch) != (pe.producer_id, pe.epoch):
+            raise TransientSinkError(
+                f"{SINK}: transaction {tid!r} (producer id {pe.producer_id}, epoch {pe.epoch}) is no "
+                f"longer ours at pre-commit (broker: {st}); another attempt initialised the id")
+
+    def _not_acknowledged(self, acked: int, errors: list[Any]) -> TransientSinkError:
+        """Invariant 6: the error that fails a task whose records were not all acknowledged."""
+        txn = self.txn
+        first = errors[0] if errors else None
+        _log.warning("records_not_acknowledged", transactional_id=txn.transactional_id,
+                     checkpoint_id=txn.context.checkpoint_id, task=txn.context.task_id, records=txn.records,
+                     acknowledged=acked, failed=len(errors), error=repr(first))
+        return TransientSinkError(
+            f"{SINK}: task {txn.context.task_id} of checkpoint {txn.context.checkpoint_id}: only {acked} of "
+            f"{txn.records} records sent in transaction {txn.transactional_id!r} were acknowledged "
+            f"({len(errors)} failed, first error: {first!r}); the transaction is aborted and the task "
+            "fails rather than commit short (raise kafka.delivery.timeout.ms if the brokers are often slow)")
+
+
+class KafkaPythonWriter(_KafkaWriterBase):
+    """The kafka-python producer (option ``kafkaClient=kafka-python``): pure Python, ~30x slower than
+    :class:`KafkaWriter`; kept for environments without confluent-kafka."""
 
     def _producer(self, transactional_id: Optional[str]) -> Any:
         from kafka import KafkaProducer
@@ -701,23 +778,6 @@ class KafkaWriter(SinkWriter[KafkaCommittable]):
             secrets = [v for k, v in cfg.items() if is_secret_name(k) and isinstance(v, str)]
             raise TransientSinkError(f"{SINK}: cannot create a producer for {','.join(self.options.bootstrap_servers)}: "
                                      f"{type(e).__name__}: {redact_values(redact_text(str(e)), secrets)}") from e
-
-    def _choose_id(self, context: TransactionContext) -> tuple[str, Any]:
-        """Invariant 4: the first candidate id with no open transaction, and what the probe saw of it
-        (``None``: unknown id; ``False``: the broker cannot describe, so no probe)."""
-        candidates = self.sink._candidate_ids(context)
-        states = self.sink._client().describe(candidates)
-        if states is None:
-            return candidates[0], False
-        idle = [t for t in candidates if states[t] is None or states[t].state != "Empty" and not states[t].is_open]
-        empty = [t for t in candidates if states[t] is not None and states[t].state == "Empty"]
-        for tid in idle + empty:
-            return tid, states[tid]
-        raise TransientSinkError(
-            f"{SINK}: every transactional id slot of task {context.task_id} for checkpoint {context.checkpoint_id} "
-            f"has an open transaction ({', '.join(candidates)}); they may hold prepared data, so none is "
-            f"re-initialised. Raise option 'transactionalIdAttempts' (now {self.options.attempt_slots}); lingering "
-            "ones are aborted once a checkpoint of that generation commits")
 
     def _begin(self, context: TransactionContext) -> KafkaTransaction:  # step 1
         if self.sink.guarantee is Guarantee.AT_LEAST_ONCE:
@@ -754,6 +814,20 @@ class KafkaWriter(SinkWriter[KafkaCommittable]):
         return KafkaTransaction(context, tid, producer, time.time())
 
     def write(self, batch: pa.RecordBatch) -> int:  # step 2
+        try:
+            return self._write(batch)
+        except Exception as e:
+            if type(e).__name__ != "KafkaException":
+                raise
+            # the transaction failed (records expired, fenced): librdkafka refuses every further record
+            txn = self.txn
+            raise TransientSinkError(
+                f"{SINK}: task {txn.context.task_id} of checkpoint {txn.context.checkpoint_id}: transaction "
+                f"{txn.transactional_id!r} failed after {txn.records} records ({txn.acked()} acknowledged, "
+                f"{len(txn.errors)} failed, first error: {(txn.errors or txn.fatal or [e])[0]!r}); the task fails "
+                "rather than commit short (raise kafka.delivery.timeout.ms if the brokers are often slow)") from e
+
+    def _write(self, batch: pa.RecordBatch) -> int:
         n = batch.num_rows
         if n == 0:
             return 0
@@ -823,27 +897,7 @@ class KafkaWriter(SinkWriter[KafkaCommittable]):
             time.sleep(0.01)  # flush returned; callbacks of the last batches may still be running
         acked = sum(t.acked for t in txn.tracks.values())
         if txn.errors or acked != txn.records:
-            first = txn.errors[0] if txn.errors else None
-            _log.warning("records_not_acknowledged", transactional_id=txn.transactional_id,
-                         checkpoint_id=txn.context.checkpoint_id, task=txn.context.task_id, records=txn.records,
-                         acknowledged=acked, failed=len(txn.errors), error=repr(first))
-            raise TransientSinkError(
-                f"{SINK}: task {txn.context.task_id} of checkpoint {txn.context.checkpoint_id}: only {acked} of "
-                f"{txn.records} records sent in transaction {txn.transactional_id!r} were acknowledged "
-                f"({len(txn.errors)} failed, first error: {first!r}); the transaction is aborted and the task "
-                "fails rather than commit short (raise kafka.delivery.timeout.ms if the brokers are often slow)")
-
-    def _check_still_ours(self, pe: Any) -> None:
-        """Invariant 4: at pre_commit the id must be Ongoing with our producer id and epoch."""
-        tid = self.txn.transactional_id
-        states = self.sink._client().describe([tid])
-        if states is None:
-            return
-        st = states.get(tid)
-        if st is None or st.state != "Ongoing" or (st.producer_id, st.epoch) != (pe.producer_id, pe.epoch):
-            raise TransientSinkError(
-                f"{SINK}: transaction {tid!r} (producer id {pe.producer_id}, epoch {pe.epoch}) is no "
-                f"longer ours at pre-commit (broker: {st}); another attempt initialised the id")
+            raise self._not_acknowledged(acked, txn.errors)
 
     def abort(self) -> None:
         txn = self.txn
@@ -854,6 +908,280 @@ class KafkaWriter(SinkWriter[KafkaCommittable]):
             txn.producer.close(timeout=0)
         self.sink._forget(txn.transactional_id)
 
+
+
+@dataclass
+class RdKafkaTransaction:
+    """In-task state of a librdkafka writer: the producer, its producer id and epoch (from librdkafka's
+    statistics), and per topic-partition ``[acknowledged, first offset, last offset]`` (invariant 6).
+
+    Every callback (delivery reports, statistics, errors) runs inside ``poll``/``flush`` on the task's own
+    thread: no lock is needed."""
+
+    context: TransactionContext
+    transactional_id: Optional[str]
+    producer: Any
+    began_at: float
+    producer_id: Optional[int] = None
+    epoch: Optional[int] = None
+    records: int = 0
+    tracks: dict[tuple[str, int], list[int]] = field(default_factory=dict)
+    errors: list[Any] = field(default_factory=list)
+    #: fatal producer errors (error_cb): fenced, or the transaction can never commit
+    fatal: list[Any] = field(default_factory=list)
+    #: the newest ``eos`` object of librdkafka's statistics (producer_id, producer_epoch, txn_state)
+    eos: dict[str, Any] = field(default_factory=dict)
+
+    def on_delivery(self, err: Any, msg: Any) -> None:
+        """Delivery report of one record (the only per-record Python work besides ``produce``)."""
+        if err is not None:
+            self.errors.append(err)
+            return
+        off = msg.offset()
+        tp = (msg.topic(), msg.partition())
+        t = self.tracks.get(tp)
+        if t is None:
+            self.tracks[tp] = [1, off, off]
+        else:
+            t[0] += 1
+            if off > t[2]:
+                t[2] = off
+            elif off < t[1]:
+                t[1] = off
+
+    def on_stats(self, stats_json: str) -> None:
+        with contextlib.suppress(ValueError, TypeError):
+            eos = json.loads(stats_json).get("eos")
+            if eos:
+                self.eos = eos
+
+    def on_error(self, err: Any) -> None:
+        if err.fatal():
+            self.fatal.append(err)
+
+    def acked(self) -> int:
+        return sum(t[0] for t in self.tracks.values())
+
+
+#: the Python logger librdkafka's log lines go to
+LIBRDKAFKA_LOGGER = "twophase.sinks.kafka.librdkafka"
+#: records produced between two ``poll(0)`` calls (delivery reports hold queue space until served)
+_POLL_EVERY = 5000
+
+
+class KafkaWriter(_KafkaWriterBase):
+    """The default writer: a librdkafka (confluent-kafka) transactional producer per task attempt.
+
+    - step 1: the id probed as for every writer (invariant 4); ``init_transactions`` (with
+      ``enable.sparse.connections=false``: ~6 ms instead of ~505 ms at random), the producer id and
+      epoch from librdkafka's statistics (``eos``, every ``statistics.interval.ms``; DescribeTransactions
+      if they do not come), ``begin_transaction``.
+    - step 2: ``produce`` per record straight from the Arrow columns (``partitioner=murmur2_random``:
+      Java's key placement, as Spark's Kafka sink); a full queue (BufferError) polls and retries.
+    - step 3: ``flush``; every record must have its delivery report and none may have failed
+      (invariant 6); the id must still be Ongoing with our producer id and epoch (invariant 4). Then
+      the producer is DROPPED, never closed: ``Producer.close()`` aborts the open transaction, while
+      destroying the handle (or the process dying) leaves it Ongoing for the driver's EndTxn.
+    """
+
+    #: librdkafka defaults of the sink (a ``kafka.*`` option overrides any of them)
+    PRODUCER_DEFAULTS: dict[str, Any] = {"linger.ms": 5, "batch.size": 1_000_000, "enable.sparse.connections": False,
+                                         "partitioner": "murmur2_random"}
+    #: how often librdkafka publishes statistics (the producer id and epoch arrive with the first after init)
+    STATS_INTERVAL_MS = 10
+    #: how long step 1 waits for the producer id and epoch in the statistics before asking the broker
+    STATS_WAIT_S = 2.0
+
+    def _producer(self, txn: RdKafkaTransaction) -> Any:
+        try:
+            from confluent_kafka import Producer
+        except ImportError as e:
+            raise MissingDependencyError("twophase-kafka's default producer needs confluent-kafka: pip install "
+                                         "'twophase[kafka]' (or set option kafkaClient=kafka-python)") from e
+        cfg = {**self.PRODUCER_DEFAULTS, **librdkafka_config(self.options.producer_config, what=SINK),
+               "on_delivery": txn.on_delivery, "error_cb": txn.on_error,
+               # librdkafka's own log lines go to Python logging (served in poll/flush), not raw to stderr
+               "logger": logging.getLogger(LIBRDKAFKA_LOGGER)}
+        if txn.transactional_id is not None:
+            cfg.update({"transactional.id": txn.transactional_id,
+                        "transaction.timeout.ms": self.options.transaction_timeout_ms,
+                        "statistics.interval.ms": self.STATS_INTERVAL_MS, "stats_cb": txn.on_stats})
+        else:
+            cfg.setdefault("enable.idempotence", True)
+        try:
+            return Producer(cfg)
+        except Exception as e:
+            secrets = [v for k, v in cfg.items() if is_secret_name(k) and isinstance(v, str)]
+            raise TransientSinkError(f"{SINK}: cannot create a producer for {','.join(self.options.bootstrap_servers)}: "
+                                     f"{type(e).__name__}: {redact_values(redact_text(str(e)), secrets)}") from e
+
+    def _begin(self, context: TransactionContext) -> RdKafkaTransaction:  # step 1
+        if self.sink.guarantee is Guarantee.AT_LEAST_ONCE:
+            txn = RdKafkaTransaction(context, None, None, time.time())
+            txn.producer = self._producer(txn)
+            return txn
+        tid, seen = self._choose_id(context)  # invariant 4
+        txn = RdKafkaTransaction(context, tid, None, time.time())
+        producer = txn.producer = self._producer(txn)
+        try:
+            producer.init_transactions(max(30.0, self.options.producer_config.get("request_timeout_ms", 30000) / 1000))
+            txn.producer_id, txn.epoch = self._producer_id_and_epoch(txn)
+            if seen is not False:
+                expected = 0 if seen is None else seen.epoch + 1
+                if txn.epoch != expected and not (seen is not None and txn.producer_id != seen.producer_id):
+                    _log.error("transactional_id_race", transactional_id=tid, checkpoint_id=context.checkpoint_id,
+                               task=context.task_id, probed_epoch=None if seen is None else seen.epoch,
+                               epoch=txn.epoch)
+                    raise TransientSinkError(
+                        f"{SINK}: transactional id {tid!r} was initialised by another attempt while this one "
+                        f"started (epoch {txn.epoch}, expected {expected}); failing this attempt")
+            producer.begin_transaction()
+        except BaseException as e:
+            txn.producer = None  # dropped, not closed: nothing of ours is open yet
+            if "INVALID_TRANSACTION_TIMEOUT" in str(e).upper().replace(" ", "_"):
+                raise self.sink._timeout_refused() from e
+            raise
+        self.sink._remember(tid, context.checkpoint_id, txn.epoch)
+        _log.debug("transaction_begun", transactional_id=tid, checkpoint_id=context.checkpoint_id,
+                   task=context.task_id, task_attempt_id=context.task_attempt_id, epoch=txn.epoch,
+                   producer_id=txn.producer_id)
+        return txn
+
+    def _producer_id_and_epoch(self, txn: RdKafkaTransaction) -> tuple[int, int]:
+        """The producer id and epoch ``init_transactions`` got: librdkafka's statistics (``eos``), else the
+        broker's DescribeTransactions of the id (Empty right after init, nobody else may use it)."""
+        deadline = time.monotonic() + self.STATS_WAIT_S
+        while time.monotonic() < deadline:
+            txn.producer.poll(0.005)
+            eos = txn.eos
+            if int(eos.get("producer_id", -1)) >= 0 and eos.get("txn_state") in ("Ready", "InTransaction"):
+                return int(eos["producer_id"]), int(eos["producer_epoch"])
+        states = self.sink._client().describe([txn.transactional_id])
+        st = None if states is None else states.get(txn.transactional_id)
+        if st is None or st.is_open:
+            raise TransientSinkError(f"{SINK}: no producer id and epoch for transactional id "
+                                     f"{txn.transactional_id!r} after init_transactions (statistics: {txn.eos}, "
+                                     f"broker: {st})")
+        return st.producer_id, st.epoch
+
+    def _produce_waiting(self, *args: Any, **kwargs: Any) -> None:
+        """``produce`` after a BufferError (queue full): serve delivery reports until there is room,
+        bounded by the delivery timeout (expired records leave the queue as failed reports)."""
+        producer = self.txn.producer
+        limit = float(self.options.producer_config.get("delivery_timeout_ms", 300_000)) / 1000 + 60
+        deadline = time.monotonic() + limit
+        while True:
+            producer.poll(0.05)
+            try:
+                producer.produce(*args, **kwargs)
+                return
+            except BufferError:
+                if time.monotonic() > deadline:
+                    raise TransientSinkError(f"{SINK}: the producer queue stayed full for {limit:.0f}s "
+                                             f"(transaction {self.txn.transactional_id!r})") from None
+
+    def write(self, batch: pa.RecordBatch) -> int:  # step 2
+        try:
+            return self._write(batch)
+        except Exception as e:
+            if type(e).__name__ != "KafkaException":
+                raise
+            # the transaction failed (records expired, fenced): librdkafka refuses every further record
+            txn = self.txn
+            raise TransientSinkError(
+                f"{SINK}: task {txn.context.task_id} of checkpoint {txn.context.checkpoint_id}: transaction "
+                f"{txn.transactional_id!r} failed after {txn.records} records ({txn.acked()} acknowledged, "
+                f"{len(txn.errors)} failed, first error: {(txn.errors or txn.fatal or [e])[0]!r}); the task fails "
+                "rather than commit short (raise kafka.delivery.timeout.ms if the brokers are often slow)") from e
+
+    def _write(self, batch: pa.RecordBatch) -> int:
+        n = batch.num_rows
+        if n == 0:
+            return 0
+        txn = self.txn
+        cols = batch.schema.names
+        values = batch.column(cols.index("value")).to_pylist()
+        keys = batch.column(cols.index("key")).to_pylist() if "key" in cols else [None] * n
+        default_topic = self.options.topic
+        producer = txn.producer
+        produce, poll = producer.produce, producer.poll
+        if "topic" not in cols and "partition" not in cols and "headers" not in cols:
+            if default_topic is None:
+                raise ConfigurationError(f"{SINK}: no option 'topic' is set and the stream has no 'topic' column")
+            for start in range(0, n, _POLL_EVERY):
+                for v, k in zip(values[start:start + _POLL_EVERY], keys[start:start + _POLL_EVERY]):
+                    try:
+                        produce(default_topic, v, k)
+                    except BufferError:
+                        self._produce_waiting(default_topic, v, k)
+                    txn.records += 1
+                poll(0)
+            return n
+        topics = batch.column(cols.index("topic")).to_pylist() if "topic" in cols else None
+        parts = batch.column(cols.index("partition")).to_pylist() if "partition" in cols else None
+        headers = batch.column(cols.index("headers")).to_pylist() if "headers" in cols else None
+        for i in range(n):
+            topic = topics[i] if topics is not None and topics[i] is not None else default_topic
+            if topic is None:
+                raise ConfigurationError(f"{SINK}: row {i} has a null topic and no option 'topic' is set")
+            kw: dict[str, Any] = {}
+            if parts is not None and parts[i] is not None:
+                kw["partition"] = parts[i]
+            if headers is not None and headers[i]:
+                kw["headers"] = [(h["key"], h["value"]) for h in headers[i]]
+            try:
+                produce(topic, values[i], keys[i], **kw)
+            except BufferError:
+                self._produce_waiting(topic, values[i], keys[i], **kw)
+            txn.records += 1
+            if txn.records % _POLL_EVERY == 0:
+                poll(0)
+        return n
+
+    def prepare_commit(self) -> KafkaCommittable:  # step 3
+        txn = self.txn
+        producer = txn.producer
+        producer.flush()  # every delivery report is served (or the record expired: a failed report)
+        queued = len(producer)
+        if txn.fatal:
+            raise TransientSinkError(f"{SINK}: transaction {txn.transactional_id!r} failed while writing: "
+                                     f"{txn.fatal[0]!r}")
+        acked = txn.acked()
+        if queued or txn.errors or acked != txn.records:  # invariant 6
+            raise self._not_acknowledged(acked, txn.errors)
+        partitions: list[KafkaPartition] = [
+            {"topic": topic, "partition": part, "first_offset": t[1], "last_offset": t[2], "records": t[0]}
+            for (topic, part), t in sorted(txn.tracks.items())]
+        if txn.transactional_id is not None:
+            eos = txn.eos  # librdkafka bumps its epoch only after an abortable error: then it is not ours
+            if int(eos.get("producer_id", txn.producer_id)) != txn.producer_id or \
+                    int(eos.get("producer_epoch", txn.epoch)) != txn.epoch:
+                raise TransientSinkError(f"{SINK}: transaction {txn.transactional_id!r}: the producer's id and "
+                                         f"epoch moved from ({txn.producer_id}, {txn.epoch}) to {eos}")
+            if partitions:
+                self._check_still_ours(types.SimpleNamespace(producer_id=txn.producer_id, epoch=txn.epoch))
+        c = txn.context
+        committable = KafkaCommittable(
+            checkpoint_id=c.checkpoint_id, task_id=c.task_id, attempt_uid=c.attempt_uid, records=txn.records,
+            guarantee=self.sink.guarantee.value, transactional_id=txn.transactional_id, partitions=partitions,
+            began_at=txn.began_at, timeout_ms=self.options.transaction_timeout_ms, producer_id=txn.producer_id,
+            epoch=txn.epoch)
+        # the task ends without committing or aborting: the producer is dropped, NEVER closed (close() aborts)
+        txn.producer = None
+        del producer
+        return committable
+
+    def abort(self) -> None:
+        txn = self.txn
+        producer, txn.producer = txn.producer, None
+        if producer is not None and txn.transactional_id is not None:
+            with contextlib.suppress(Exception):
+                producer.abort_transaction(10)
+        if producer is not None and txn.transactional_id is None:
+            with contextlib.suppress(Exception):
+                producer.purge()
+        del producer
+        self.sink._forget(txn.transactional_id)
 
 class KafkaCommitter(SinkCommitter[KafkaCommittable]):
     """Driver side (steps 4-5): EndTxn(commit / abort) over the driver's own connection; fences lingering ids."""
@@ -981,5 +1309,6 @@ class KafkaCommitter(SinkCommitter[KafkaCommittable]):
                 for a in range(self.options.attempt_slots)]
 
 
-__all__ = ["KafkaSink", "KafkaSinkOptions", "KafkaWriter", "KafkaCommitter", "KafkaCommittable", "KafkaTransaction",
+__all__ = ["KafkaSink", "KafkaSinkOptions", "KafkaWriter", "KafkaPythonWriter", "KafkaCommitter", "KafkaCommittable",
+           "KafkaTransaction", "RdKafkaTransaction",
            "KAFKA_SINK_OPTIONS", "parse_duration_ms", "FencedError"]

@@ -157,3 +157,49 @@ def test_kafka_committer_needs_no_broker_where_there_is_nothing_to_end():
     assert committer.abort_lingering(5, None) == 0
     alo_sink = KafkaSink.from_options({**BASE, "guarantee": "at-least-once"}, SCHEMA)
     assert alo_sink.create_committer().abort_lingering(5, 5) == 0
+
+
+def test_kafka_sink_options_client_librdkafka_by_default_kafka_python_on_request():
+    assert KafkaSinkOptions.from_options(BASE, SCHEMA).client == "librdkafka"
+    assert KafkaSinkOptions.from_options({**BASE, "kafkaClient": "Kafka-Python"}, SCHEMA).client == "kafka-python"
+    with pytest.raises(ConfigurationError, match="kafkaClient"):
+        KafkaSinkOptions.from_options({**BASE, "kafkaClient": "java"}, SCHEMA)
+    # a kafka-python setting librdkafka has no counterpart for: refused with the default client, named with
+    # the way out; accepted with kafkaClient=kafka-python
+    with pytest.raises(ConfigurationError, match="kafka.metrics.num.samples.*kafkaClient=kafka-python"):
+        KafkaSinkOptions.from_options({**BASE, "kafka.metrics.num.samples": "3"}, SCHEMA)
+    KafkaSinkOptions.from_options({**BASE, "kafka.metrics.num.samples": "3", "kafkaClient": "kafka-python"}, SCHEMA)
+
+
+def test_kafka_sink_librdkafka_config_maps_spark_kafka_options():
+    from twophase._kafka import librdkafka_config
+    jaas = 'org.apache.kafka.common.security.scram.ScramLoginModule required username="u" password="p";'
+    o = KafkaSinkOptions.from_options({**BASE, "kafka.linger.ms": "20", "kafka.compression.type": "lz4",
+                                       "kafka.security.protocol": "SASL_SSL", "kafka.sasl.mechanism": "SCRAM-SHA-512",
+                                       "kafka.sasl.jaas.config": jaas, "kafka.ssl.cafile": "/ca.pem",
+                                       "kafka.ssl.check.hostname": "false", "kafka.delivery.timeout.ms": "5000",
+                                       "kafka.bootstrap.timeout.ms": "3000"}, SCHEMA)
+    cfg = librdkafka_config(o.producer_config, what="t")
+    assert cfg == {"bootstrap.servers": "h1:9092,h2:9092", "linger.ms": 20, "compression.type": "lz4",
+                   "security.protocol": "SASL_SSL", "sasl.mechanisms": "SCRAM-SHA-512", "sasl.username": "u",
+                   "sasl.password": "p", "ssl.ca.location": "/ca.pem", "ssl.endpoint.identification.algorithm": "none",
+                   "delivery.timeout.ms": 5000}
+    # the producer takes them (confluent-kafka validates its properties when it is created)
+    from confluent_kafka import Producer
+    Producer({k: v for k, v in cfg.items() if not k.startswith(("sasl.", "security", "ssl."))})
+
+
+def test_kafka_sink_creates_the_writer_of_its_client():
+    from twophase.sinks.kafka import KafkaPythonWriter, KafkaWriter
+    assert not issubclass(KafkaPythonWriter, KafkaWriter) and not issubclass(KafkaWriter, KafkaPythonWriter)
+    assert KafkaSink.from_options(BASE, SCHEMA).options.client == "librdkafka"
+
+
+@pytest.mark.parametrize("key", ["kafka.ssl.keystore.location", "kafka.ssl.truststore.location",
+                                 "kafka.ssl.keystore.type"])
+def test_kafka_options_jks_stores_refused_naming_the_pem_settings(key):
+    for client in ("librdkafka", "kafka-python"):
+        with pytest.raises(ConfigurationError, match="kafka.ssl.cafile.*kafka.ssl.certfile.*kafka.ssl.keyfile"):
+            KafkaSinkOptions.from_options({**BASE, key: "/x.jks", "kafkaClient": client}, SCHEMA)
+    with pytest.raises(ConfigurationError, match="PEM"):
+        KafkaSourceOptions.from_options({"kafka.bootstrap.servers": "h:1", "subscribe": "t", key: "/x.jks"})

@@ -18,7 +18,7 @@ import pytest
 
 from twophase.sinks.delta import delta_storage_options
 from twophase.sinks.delta import DeltaSink
-from twophase.sinks.kafka import KafkaSink, KafkaSinkOptions, KafkaTransaction, KafkaWriter
+from twophase.sinks.kafka import KafkaPythonWriter, KafkaSink, KafkaSinkOptions, KafkaTransaction
 from twophase.sinks.s3 import S3Sink, S3SinkOptions
 from twophase.sources.kafka import KafkaSourceOptions
 from twophase import cli
@@ -366,7 +366,7 @@ def test_kafka_sink_pre_commit_handle_and_transaction_log_hold_no_secret(kafka, 
     log.claim(sink.options.owner)
     ctx = TransactionContext(sink.sink_id, 0, "0")
     txn = KafkaTransaction(ctx, sink.transactional_id("0", 0, 0), _FakeProducer(), time.time())
-    handle = KafkaWriter(sink, ctx, transaction=txn).prepare_commit().to_json()
+    handle = KafkaPythonWriter(sink, ctx, transaction=txn).prepare_commit().to_json()
     assert handle["producer_id"] == 4711 and handle["transactional_id"]
     assert_no_secret(json.dumps(handle), "Kafka handle")
     log.transition(0, CheckpointState.PENDING)

@@ -182,7 +182,10 @@ def test_kafka_sink_inv4_runtime_lingering_transactions_are_found_and_aborted(tm
     lingering = dead.create_writer(TransactionContext(sink.sink_id, 1, "out-0", 0, task_attempt_id=1))
     _write(lingering, "lingering", 5)
     lingering.producer.flush()
-    lingering.producer.close(timeout=0)
+    lingering.txn.producer = None  # the attempt's process died: its producer is gone, never closed (close aborts)
+    import gc
+    gc.collect()
+    assert sink._client().describe([lingering.transactional_id])[lingering.transactional_id].state == "Ongoing"
     t = sink.create_writer(TransactionContext(sink.sink_id, 1, "out-0", 1, task_attempt_id=2))
     _write(t, "ok", 5)
     h = t.prepare_commit()
