@@ -73,6 +73,8 @@ class CrashChain:
     def crash(self, point: str) -> None:
         """Run the chain up to and including ``point``: the run that must die there, and its checks."""
         index = list(self.points).index(point)
+        if point not in self.done:
+            self._guard(point)
         for earlier in self.points[:index]:
             if earlier not in self.done:
                 self.crash(earlier)
@@ -99,9 +101,9 @@ class CrashChain:
 
     def finish(self) -> None:
         """After every point: one clean run (no fault) must finish, then the final exactly-once check."""
+        self._guard("the final restart")
         for point in self.points:
             self.crash(point)
-        self._guard("the final restart")
         log_path = os.path.join(self.workdir, "final.log")
         try:
             started = time.monotonic()

@@ -8,7 +8,7 @@ Default: one crash chain (integration/crash_chain.py) of the shared job (integra
 batch ``k`` (the marker file proves it), after restarting from the previous crash; the 7th run is clean.
 After every crash a read_committed consumer sees every record of the earlier batches (their offset
 ranges come from Spark's offset log) exactly once, the crashed batch's records not at all (some at
-``mid_commit``, all at ``after_commit``), nothing unexpected; open transactions are only of the crashed
+``mid_commit``: committed ones behind another task's open transaction wait for it; all at ``after_commit``), nothing unexpected; open transactions are only of the crashed
 checkpoint's generation and unfinished log records only the crashed checkpoint. At the end: every
 record exactly once, no open transaction, every log record final. One test per point, then the final
 restart. Point ``write`` kills from an executor's Python worker mid-write; the others from the driver side.
@@ -98,8 +98,10 @@ def chain(kafka_bootstrap, tmp_path_factory) -> CrashChain:
         assert len(before) == 100 * cid and len(through) == 100 * (cid + 1), f"unexpected batches; {state}"
         if point == "after_commit":
             assert seen == through, state
-        elif point == "mid_commit":
-            assert before < seen < through, f"expected part of batch {cid} visible; {state}"
+        elif point == "mid_commit":  # committed records behind a still-open transaction's first offset in a
+            # partition stay invisible to read_committed readers (last stable offset), so anything from
+            # none to all of the crashed batch may show
+            assert before <= seen <= through, state
         else:
             assert seen == before, state
         # the generation (checkpoint mod 2) is the id's second field after the prefix: <task>-<gen>-<slot>
