@@ -705,6 +705,21 @@ class _KafkaWriterBase(SinkWriter[KafkaCommittable]):
         self.options = sink.options
         self.txn = transaction if transaction is not None else self._begin(context)
 
+    def write(self, batch: pa.RecordBatch) -> int:  # step 2
+        try:
+            return self._write(batch)
+        except Exception as e:
+            if type(e).__name__ != "KafkaException":
+                raise
+            # librdkafka's: the transaction failed (records expired, fenced) and every further record is
+            # refused (kafka-python reports failures through the send callbacks, counted at prepare_commit)
+            txn = self.txn
+            raise TransientSinkError(
+                f"{SINK}: task {txn.context.task_id} of checkpoint {txn.context.checkpoint_id}: transaction "
+                f"{txn.transactional_id!r} failed after {txn.records} records ({txn.acked()} acknowledged, "
+                f"{len(txn.errors)} failed, first error: {(txn.errors or txn.fatal or [e])[0]!r}); the task fails "
+                "rather than commit short (raise kafka.delivery.timeout.ms if the brokers are often slow)") from e
+
     @property
     def transactional_id(self) -> Optional[str]:
         return self.txn.transactional_id
@@ -812,20 +827,6 @@ class KafkaPythonWriter(_KafkaWriterBase):
         _log.debug("transaction_begun", transactional_id=tid, checkpoint_id=context.checkpoint_id,
                    task=context.task_id, task_attempt_id=context.task_attempt_id, epoch=pe.epoch)
         return KafkaTransaction(context, tid, producer, time.time())
-
-    def write(self, batch: pa.RecordBatch) -> int:  # step 2
-        try:
-            return self._write(batch)
-        except Exception as e:
-            if type(e).__name__ != "KafkaException":
-                raise
-            # the transaction failed (records expired, fenced): librdkafka refuses every further record
-            txn = self.txn
-            raise TransientSinkError(
-                f"{SINK}: task {txn.context.task_id} of checkpoint {txn.context.checkpoint_id}: transaction "
-                f"{txn.transactional_id!r} failed after {txn.records} records ({txn.acked()} acknowledged, "
-                f"{len(txn.errors)} failed, first error: {(txn.errors or txn.fatal or [e])[0]!r}); the task fails "
-                "rather than commit short (raise kafka.delivery.timeout.ms if the brokers are often slow)") from e
 
     def _write(self, batch: pa.RecordBatch) -> int:
         n = batch.num_rows
@@ -1079,20 +1080,6 @@ class KafkaWriter(_KafkaWriterBase):
                 if time.monotonic() > deadline:
                     raise TransientSinkError(f"{SINK}: the producer queue stayed full for {limit:.0f}s "
                                              f"(transaction {self.txn.transactional_id!r})") from None
-
-    def write(self, batch: pa.RecordBatch) -> int:  # step 2
-        try:
-            return self._write(batch)
-        except Exception as e:
-            if type(e).__name__ != "KafkaException":
-                raise
-            # the transaction failed (records expired, fenced): librdkafka refuses every further record
-            txn = self.txn
-            raise TransientSinkError(
-                f"{SINK}: task {txn.context.task_id} of checkpoint {txn.context.checkpoint_id}: transaction "
-                f"{txn.transactional_id!r} failed after {txn.records} records ({txn.acked()} acknowledged, "
-                f"{len(txn.errors)} failed, first error: {(txn.errors or txn.fatal or [e])[0]!r}); the task fails "
-                "rather than commit short (raise kafka.delivery.timeout.ms if the brokers are often slow)") from e
 
     def _write(self, batch: pa.RecordBatch) -> int:
         n = batch.num_rows
