@@ -728,6 +728,20 @@ class _KafkaWriterBase(SinkWriter[KafkaCommittable]):
     def producer(self) -> Any:
         return self.txn.producer
 
+    @staticmethod
+    def _check_no_race(context: TransactionContext, tid: str, seen: Any, producer_id: int, epoch: int) -> None:
+        """Invariant 4's one interleaving: someone initialised ``tid`` between our probe (``seen``, from
+        :meth:`_choose_id`) and our ``init_transactions``; then this attempt fails instead of going on."""
+        if seen is False:  # the broker cannot describe: no probe to compare with
+            return
+        expected = 0 if seen is None else seen.epoch + 1
+        if epoch != expected and not (seen is not None and producer_id != seen.producer_id):
+            _log.error("transactional_id_race", transactional_id=tid, checkpoint_id=context.checkpoint_id,
+                       task=context.task_id, probed_epoch=None if seen is None else seen.epoch, epoch=epoch)
+            raise TransientSinkError(
+                f"{SINK}: transactional id {tid!r} was initialised by another attempt while this one "
+                f"started (epoch {epoch}, expected {expected}); failing this attempt")
+
     def _choose_id(self, context: TransactionContext) -> tuple[str, Any]:
         """Invariant 4: the first candidate id with no open transaction, and what the probe saw of it
         (``None``: unknown id; ``False``: the broker cannot describe, so no probe)."""
@@ -806,16 +820,7 @@ class KafkaPythonWriter(_KafkaWriterBase):
         try:
             producer.init_transactions()  # the id had no open transaction: this aborts nothing pending
             pe = producer._transaction_manager.producer_id_and_epoch
-            if seen is not False:
-                expected = 0 if seen is None else seen.epoch + 1
-                if pe.epoch != expected and not (seen is not None and pe.producer_id != seen.producer_id):
-                    # someone initialised tid between our probe and our init (invariant 4's one interleaving)
-                    _log.error("transactional_id_race", transactional_id=tid, checkpoint_id=context.checkpoint_id,
-                               task=context.task_id, probed_epoch=None if seen is None else seen.epoch,
-                               epoch=pe.epoch)
-                    raise TransientSinkError(
-                        f"{SINK}: transactional id {tid!r} was initialised by another attempt while this one "
-                        f"started (epoch {pe.epoch}, expected {expected}); failing this attempt")
+            self._check_no_race(context, tid, seen, pe.producer_id, pe.epoch)
             producer.begin_transaction()
         except BaseException as e:
             with contextlib.suppress(Exception):
@@ -1027,15 +1032,7 @@ class KafkaWriter(_KafkaWriterBase):
         try:
             producer.init_transactions(max(30.0, self.options.producer_config.get("request_timeout_ms", 30000) / 1000))
             txn.producer_id, txn.epoch = self._producer_id_and_epoch(txn)
-            if seen is not False:
-                expected = 0 if seen is None else seen.epoch + 1
-                if txn.epoch != expected and not (seen is not None and txn.producer_id != seen.producer_id):
-                    _log.error("transactional_id_race", transactional_id=tid, checkpoint_id=context.checkpoint_id,
-                               task=context.task_id, probed_epoch=None if seen is None else seen.epoch,
-                               epoch=txn.epoch)
-                    raise TransientSinkError(
-                        f"{SINK}: transactional id {tid!r} was initialised by another attempt while this one "
-                        f"started (epoch {txn.epoch}, expected {expected}); failing this attempt")
+            self._check_no_race(context, tid, seen, txn.producer_id, txn.epoch)
             producer.begin_transaction()
         except BaseException as e:
             txn.producer = None  # dropped, not closed: nothing of ours is open yet
