@@ -419,3 +419,18 @@ def test_operators_inv2_keyed_state_is_touched_only_for_the_current_key():
         assert {x: v for x, v in after.items() if x != k} == {x: v for x, v in before.items() if x != k}
         assert after[k] == before.get(k, 0) + 1
     assert op.backend.values == {"a": 3, "b": 2, "c": 1}
+
+
+def test_committer_inv1_commit_of_one_task_handle_commits_each_wrapped_transaction(txlog):
+    """Fails if committing a single task handle reaches a sink under a made-up checkpoint id (it passed
+    -1 to the sink's commit_checkpoint, which a sink keyed by checkpoint id, like Delta's table version,
+    would take for 'already committed'), or if a lost wrapped transaction is not reported LOST."""
+    c, a, _ = _committer(txlog)
+    t1, t2 = _wrapped(a, 4, "0"), _wrapped(a, 5, "0")
+    r = c.commit({"task": "out-a#0", "sink": "out-a", "txns": [t1, t2]})
+    assert r.status.value == "committed" and a.checkpoint_commits == []
+    assert sorted(a.committed) == sorted([t1["txn"], t2["txn"]])
+    assert c.commit({"task": "out-a#0", "sink": "out-a", "txns": [t1]}).status.value == "already_committed"
+    gone = _wrapped(a, 6, "0")
+    a.abort(gone)
+    assert c.commit({"task": "out-a#0", "sink": "out-a", "txns": [gone]}).status.value == "lost"

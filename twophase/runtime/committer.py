@@ -49,8 +49,18 @@ class JobCommitter(SinkCommitter[Mapping[str, Any]]):
         return out
 
     def commit(self, committable: Mapping[str, Any], *, recovering: bool = False) -> CommitResult[Any]:
-        results = self.commit_checkpoint(-1, [committable], recovering=recovering)
-        return results[0] if results else CommitResult(committable, CommitStatus.COMMITTED)  # type: ignore[arg-type]
+        """Commit one task handle: each wrapped transaction through its sink's committer, as the only one
+        of its own checkpoint (the coordinator commits whole checkpoints through :meth:`commit_checkpoint`)."""
+        results = []
+        if committable.get("txns"):
+            c = self.committers[committable["sink"]]
+            results = [c.commit(c.decode(t), recovering=recovering) for t in committable["txns"]]
+        lost = [r for r in results if r.status is CommitStatus.LOST]
+        if lost:
+            return CommitResult(committable, CommitStatus.LOST, "; ".join(r.detail for r in lost))  # type: ignore[arg-type]
+        already = bool(results) and all(r.status is CommitStatus.ALREADY_COMMITTED for r in results)
+        return CommitResult(committable, CommitStatus.ALREADY_COMMITTED if already  # type: ignore[arg-type]
+                            else CommitStatus.COMMITTED)
 
     def commit_checkpoint(self, checkpoint_id: int, committables: Sequence[Mapping[str, Any]], *,
                           recovering: bool = False) -> list[CommitResult[Any]]:
