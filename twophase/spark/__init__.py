@@ -10,6 +10,7 @@ which a connector of another distribution registers itself. An entry whose modul
 
 from __future__ import annotations
 
+import functools
 import importlib
 from typing import Any, Optional
 
@@ -36,8 +37,9 @@ def _entries() -> list[str]:
     return [*DATA_SOURCES, *(e for e in extra if e not in DATA_SOURCES)]
 
 
-def data_source_classes() -> list[type]:
-    """The importable twophase data source classes (built-in and registered by entry point)."""
+@functools.lru_cache(maxsize=1)
+def _loaded() -> tuple[type, ...]:
+    """Import every registered format once per process (``foreach_batch`` asks before every batch)."""
     out = []
     for spec in _entries():
         module, _, cls = spec.partition(":")
@@ -45,7 +47,12 @@ def data_source_classes() -> list[type]:
             out.append(getattr(importlib.import_module(module), cls))
         except ModuleNotFoundError as e:
             _log.info("data_source_unavailable", source=spec, error=str(e))
-    return out
+    return tuple(out)
+
+
+def data_source_classes() -> list[type]:
+    """The importable twophase data source classes (built-in and registered by entry point)."""
+    return list(_loaded())
 
 
 def data_source_for(sink: Any) -> Optional[type]:
