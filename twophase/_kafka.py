@@ -19,12 +19,16 @@ def kafka_python_config(raw: Mapping[str, Any], defaults: Mapping[str, Any], *, 
     """
     out: dict[str, Any] = {}
     jaas: Optional[str] = None
+    oauth: dict[str, str] = {}
     for key, value in raw.items():
         if not key.startswith("kafka."):
             continue
         name = key[len("kafka."):]
         if name == "sasl.jaas.config":
             jaas = str(value)
+            continue
+        if name.startswith("sasl.oauthbearer.") or name == "sasl.login.callback.handler.class":
+            oauth[name] = str(value).strip()
             continue
         if name in reserved:
             raise ConfigurationError(f"{what}: option {key!r} cannot be set: {reserved[name]}")
@@ -54,20 +58,53 @@ def kafka_python_config(raw: Mapping[str, Any], defaults: Mapping[str, Any], *, 
         except ValueError:
             shown = MASK if is_secret_name(key) else redact_text(repr(value))
             raise ConfigurationError(f"{what}: option {key!r}={shown} must be a number") from None
-    if jaas is not None:
-        _apply_jaas(out, jaas, what=what)
+    jaas_options = _apply_jaas(out, jaas, what=what) if jaas is not None else {}
+    if oauth or str(out.get("sasl_mechanism") or "").upper() == "OAUTHBEARER":
+        _apply_oauthbearer(out, oauth, jaas_options, what=what)
     return out
+
+
+_OIDC_HOW = ("OAUTHBEARER needs OIDC client credentials as Spark's Kafka clients take them: "
+             "kafka.sasl.mechanism=OAUTHBEARER, kafka.sasl.oauthbearer.token.endpoint.url=https://..., and "
+             "kafka.sasl.jaas.config='org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required "
+             "clientId=\"...\" clientSecret=\"...\" scope=\"...\";'")
+
+
+def _apply_oauthbearer(out: dict[str, Any], oauth: Mapping[str, str], jaas: Mapping[str, str], *, what: str) -> None:
+    """SASL/OAUTHBEARER with OIDC client credentials -> one :class:`twophase._kafka_oauth.OidcTokenProvider` in
+    kafka-python's ``sasl_oauth_token_provider`` (librdkafka gets the same settings from it)."""
+    from twophase._kafka_oauth import CALLBACK_HANDLERS, OidcTokenProvider
+    if str(out.get("sasl_mechanism") or "").upper() != "OAUTHBEARER":
+        raise ConfigurationError(f"{what}: options {sorted('kafka.' + k for k in oauth)} are for "
+                                 "kafka.sasl.mechanism=OAUTHBEARER; set it, or drop them")
+    out["sasl_mechanism"] = "OAUTHBEARER"
+    handler = oauth.get("sasl.login.callback.handler.class")
+    if handler is not None and handler not in CALLBACK_HANDLERS:
+        raise ConfigurationError(f"{what}: option 'kafka.sasl.login.callback.handler.class'={handler!r}: only Kafka's "
+                                 f"OIDC client-credentials handler ({CALLBACK_HANDLERS[0]}) is supported. " + _OIDC_HOW)
+    unknown = sorted(k for k in oauth if k not in ("sasl.login.callback.handler.class",
+                                                     "sasl.oauthbearer.token.endpoint.url"))
+    if unknown:
+        raise ConfigurationError(f"{what}: option(s) {['kafka.' + k for k in unknown]} are not supported; the token "
+                                 "endpoint's answer is taken as is (no local JWT validation). " + _OIDC_HOW)
+    url = oauth.get("sasl.oauthbearer.token.endpoint.url")
+    if not url or "clientId" not in jaas or "clientSecret" not in jaas:
+        raise ConfigurationError(f"{what}: {_OIDC_HOW} (value of kafka.sasl.jaas.config not shown: it holds a secret)")
+    extensions = {k[len("extension_"):]: v for k, v in jaas.items() if k.startswith("extension_")}
+    out["sasl_oauth_token_provider"] = OidcTokenProvider(url, jaas["clientId"], jaas["clientSecret"],
+                                                         jaas.get("scope"), extensions)
 
 
 _JAAS = re.compile(r"\s*(?P<module>[\w.$]+)\s+(?:required|requisite|sufficient|optional)\b(?P<opts>.*?)\s*;?\s*", re.S)
 _JAAS_OPTION = re.compile(r"""\s*(?P<name>\w+)\s*=\s*(?:"(?P<quoted>(?:[^"\\]|\\.)*)"|(?P<bare>[^\s;"]+))""", re.S)
-_JAAS_MODULES = {"PlainLoginModule": "PLAIN", "ScramLoginModule": None}
+_JAAS_MODULES = {"PlainLoginModule": "PLAIN", "ScramLoginModule": None, "OAuthBearerLoginModule": "OAUTHBEARER"}
 
 
-def _apply_jaas(out: dict[str, Any], jaas: str, *, what: str) -> None:
+def _apply_jaas(out: dict[str, Any], jaas: str, *, what: str) -> dict[str, str]:
     """``kafka.sasl.jaas.config`` (as Spark's Kafka source takes it) for the PLAIN and SCRAM login modules
-    -> kafka-python's ``sasl_plain_username`` / ``sasl_plain_password``. Errors never show the value
-    (it holds a password); see :mod:`twophase._redact`."""
+    -> kafka-python's ``sasl_plain_username`` / ``sasl_plain_password``; for OAuthBearerLoginModule the
+    parsed options are returned for :func:`_apply_oauthbearer`. Errors never show the value (it holds a
+    password); see :mod:`twophase._redact`."""
     key = "kafka.sasl.jaas.config"
     m = _JAAS.fullmatch(jaas)
     opts: dict[str, str] = {}
@@ -87,9 +124,13 @@ def _apply_jaas(out: dict[str, Any], jaas: str, *, what: str) -> None:
                                  "username=\"...\" password=\"...\";' (value not shown: it holds a secret)")
     module = m.group("module").rsplit(".", 1)[-1]
     if module not in _JAAS_MODULES:
-        raise ConfigurationError(f"{what}: option {key!r} names the login module {module!r}; kafka-python takes "
-                                 "only PlainLoginModule or ScramLoginModule here (use kafka.sasl.mechanism and its "
-                                 "own kafka.* settings for GSSAPI / OAUTHBEARER)")
+        raise ConfigurationError(f"{what}: option {key!r} names the login module {module!r}; twophase takes "
+                                 "PlainLoginModule, ScramLoginModule or OAuthBearerLoginModule (OIDC client "
+                                 "credentials) here (for GSSAPI use kafka.sasl.mechanism=GSSAPI and "
+                                 "kafka.sasl.kerberos.service.name)")
+    if module == "OAuthBearerLoginModule":
+        out.setdefault("sasl_mechanism", "OAUTHBEARER")
+        return opts
     if "username" not in opts or "password" not in opts:
         raise ConfigurationError(f"{what}: option {key!r} needs username=\"...\" and password=\"...\"")
     for arg, value in (("sasl_plain_username", opts["username"]), ("sasl_plain_password", opts["password"])):
@@ -102,6 +143,7 @@ def _apply_jaas(out: dict[str, Any], jaas: str, *, what: str) -> None:
         raise ConfigurationError(f"{what}: option {key!r} uses ScramLoginModule: set kafka.sasl.mechanism to "
                                  "SCRAM-SHA-256 or SCRAM-SHA-512")
     out.setdefault("sasl_mechanism", mechanism)
+    return {}
 
 
 #: kafka-python producer argument -> librdkafka property (the names are Kafka's/Java's for almost all)
@@ -120,22 +162,40 @@ _RDKAFKA_NAMES = {
     "ssl_password": "ssl.key.password", "ssl_crlfile": "ssl.crl.location", "ssl_ciphers": "ssl.cipher.suites",
     "enable_idempotence": "enable.idempotence",
 }
+#: kafka-python consumer argument -> librdkafka property (the source's reader); the common ones above apply too
+_RDKAFKA_CONSUMER_NAMES = {
+    "fetch_max_bytes": "fetch.max.bytes", "max_partition_fetch_bytes": "max.partition.fetch.bytes",
+    "fetch_min_bytes": "fetch.min.bytes", "fetch_max_wait_ms": "fetch.wait.max.ms", "check_crcs": "check.crcs",
+    "isolation_level": "isolation.level", "client_rack": "client.rack",
+    "receive_message_max_bytes": "receive.message.max.bytes",
+}
 #: settings only the driver's kafka-python connections use (bootstrap, topic checks); the producer ignores them
 _DRIVER_ONLY = {"bootstrap_timeout_ms", "api_version", "allow_auto_create_topics", "max_block_ms", "client_dns_lookup"}
+#: consumer settings set by the source itself (no group, no commits), never the user's
+_SOURCE_OWN = {"enable_auto_commit", "group_id"}
 
 
-def librdkafka_config(cfg: Mapping[str, Any], *, what: str) -> dict[str, Any]:
-    """The librdkafka (confluent-kafka) producer properties of validated kafka-python settings ``cfg``
-    (what :func:`kafka_python_config` returned). A setting librdkafka has no counterpart for is a
-    :class:`ConfigurationError` naming the option and ``kafkaClient=kafka-python``."""
+def librdkafka_config(cfg: Mapping[str, Any], *, what: str, consumer: bool = False) -> dict[str, Any]:
+    """The librdkafka (confluent-kafka) producer properties, or with ``consumer=True`` consumer properties,
+    of validated kafka-python settings ``cfg`` (what :func:`kafka_python_config` returned). A setting
+    librdkafka has no counterpart for is a :class:`ConfigurationError` naming the option and
+    ``kafkaClient=kafka-python``."""
     out: dict[str, Any] = {}
+    names = {**_RDKAFKA_NAMES, **_RDKAFKA_CONSUMER_NAMES} if consumer else _RDKAFKA_NAMES
     for arg, value in cfg.items():
+        if consumer and arg in _SOURCE_OWN:
+            continue
         if arg == "bootstrap_servers":
             out["bootstrap.servers"] = ",".join(value) if isinstance(value, (list, tuple)) else str(value)
         elif arg == "ssl_check_hostname":
             out["ssl.endpoint.identification.algorithm"] = "https" if value else "none"
-        elif arg in _RDKAFKA_NAMES:
-            out[_RDKAFKA_NAMES[arg]] = value
+        elif arg == "sasl_oauth_token_provider":
+            from twophase._kafka_oauth import OidcTokenProvider
+            if not isinstance(value, OidcTokenProvider):  # pragma: no cover - only ours is ever built from options
+                raise ConfigurationError(f"{what}: OAUTHBEARER: only OIDC client credentials map to librdkafka")
+            out.update(value.librdkafka_properties())
+        elif arg in names:
+            out[names[arg]] = value
         elif arg in _DRIVER_ONLY or arg == "transaction_timeout_ms":
             continue
         else:

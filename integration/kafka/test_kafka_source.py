@@ -10,6 +10,12 @@ from twophase.sources.kafka import KafkaSource
 pytestmark = pytest.mark.kafka
 
 
+@pytest.fixture(params=["librdkafka", "kafka-python"])
+def client(request) -> str:
+    """Every source test runs with both executor readers (option kafkaClient)."""
+    return request.param
+
+
 def _read_all(source: KafkaSource, start, end) -> list[tuple[int, int, bytes]]:
     reader = source.reader()
     out = []
@@ -20,12 +26,12 @@ def _read_all(source: KafkaSource, start, end) -> list[tuple[int, int, bytes]]:
     return out
 
 
-def test_kafka_source_inv2_exact_range_skips_aborted_and_control_records_on_every_replay(kafka_bootstrap):
+def test_kafka_source_inv2_exact_range_skips_aborted_and_control_records_on_every_replay(kafka_bootstrap, client):
     topic = create_topic(kafka_bootstrap, unique("src"), 2)
     produce(kafka_bootstrap, topic, [b"plain-%d" % i for i in range(10)])
     produce(kafka_bootstrap, topic, [b"aborted-%d" % i for i in range(6)], transactional_id=unique("t"), commit=False)
     produce(kafka_bootstrap, topic, [b"txn-%d" % i for i in range(6)], transactional_id=unique("t"))
-    source = KafkaSource.from_options({"kafka.bootstrap.servers": kafka_bootstrap, "subscribe": topic,
+    source = KafkaSource.from_options({"kafka.bootstrap.servers": kafka_bootstrap, "subscribe": topic, "kafkaClient": client,
                                        "startingOffsets": "earliest", "includeHeaders": "true"})
     try:
         start = source.initial_offset()
@@ -44,7 +50,7 @@ def test_kafka_source_inv2_exact_range_skips_aborted_and_control_records_on_ever
         source.close()
 
 
-def test_kafka_source_inv1_end_stops_at_last_stable_offset(kafka_bootstrap):
+def test_kafka_source_inv1_end_stops_at_last_stable_offset(kafka_bootstrap, client):
     from kafka import KafkaProducer
     topic = create_topic(kafka_bootstrap, unique("lso"), 1)
     produce(kafka_bootstrap, topic, [b"a", b"b"], partitions=1)
@@ -54,7 +60,7 @@ def test_kafka_source_inv1_end_stops_at_last_stable_offset(kafka_bootstrap):
     open_txn.send(topic, b"undecided", partition=0)
     open_txn.flush()
     produce(kafka_bootstrap, topic, [b"c"], partitions=1)
-    source = KafkaSource.from_options({"kafka.bootstrap.servers": kafka_bootstrap, "subscribe": topic,
+    source = KafkaSource.from_options({"kafka.bootstrap.servers": kafka_bootstrap, "subscribe": topic, "kafkaClient": client,
                                        "startingOffsets": "earliest"})
     try:
         start = source.initial_offset()
@@ -69,7 +75,7 @@ def test_kafka_source_inv1_end_stops_at_last_stable_offset(kafka_bootstrap):
         source.close()
 
 
-def test_kafka_source_inv3_a_range_that_cannot_be_read_whole_raises_never_shortens(kafka_bootstrap):
+def test_kafka_source_inv3_a_range_that_cannot_be_read_whole_raises_never_shortens(kafka_bootstrap, client):
     """A split whose end lies past what the broker can serve (here: offsets that do not exist, as after
     a topic was recreated or records were deleted under a planned batch) must fail the read with an
     error naming the range; it must never return the shorter range as if it were whole. Fails if the
@@ -78,7 +84,7 @@ def test_kafka_source_inv3_a_range_that_cannot_be_read_whole_raises_never_shorte
     from twophase.sources._kafka_offsets import KafkaSplit
     topic = create_topic(kafka_bootstrap, unique("short"), 1)
     produce(kafka_bootstrap, topic, [b"r%d" % i for i in range(5)], partitions=1)
-    source = KafkaSource.from_options({"kafka.bootstrap.servers": kafka_bootstrap, "subscribe": topic,
+    source = KafkaSource.from_options({"kafka.bootstrap.servers": kafka_bootstrap, "subscribe": topic, "kafkaClient": client,
                                        "startingOffsets": "earliest", "pollTimeoutMs": "2000"})
     try:
         got = []
@@ -86,5 +92,28 @@ def test_kafka_source_inv3_a_range_that_cannot_be_read_whole_raises_never_shorte
             for batch in source.reader().read(KafkaSplit(topic, 0, 0, 9)):
                 got += batch.to_pydict()["offset"]
         assert len(got) < 9  # what was read before the error is discarded with the failed task
+    finally:
+        source.close()
+
+
+def test_kafka_source_inv2_a_range_ending_in_aborted_data_and_control_records_completes(kafka_bootstrap, client):
+    """The last offsets of the range are an aborted transaction's records and its abort marker, and
+    nothing follows: no record at or past ``end`` will ever arrive, so the reader must see that the range
+    is whole from the end of the partition (the last stable offset), not wait for a record. Fails if the
+    read waits out pollTimeoutMs (TransientSinkError) or returns aborted records."""
+    topic = create_topic(kafka_bootstrap, unique("tail"), 1)
+    produce(kafka_bootstrap, topic, [b"ok-%d" % i for i in range(3)], partitions=1)
+    produce(kafka_bootstrap, topic, [b"aborted-%d" % i for i in range(4)], transactional_id=unique("t"),
+            commit=False, partitions=1)
+    source = KafkaSource.from_options({"kafka.bootstrap.servers": kafka_bootstrap, "subscribe": topic,
+                                       "kafkaClient": client, "startingOffsets": "earliest",
+                                       "pollTimeoutMs": "8000"})
+    try:
+        start = source.initial_offset()
+        end = source.latest_offset(start)
+        assert end[topic]["0"] >= 3 + 4 + 1  # the aborted records and the marker are inside the range
+        assert sorted(v for _p, _o, v in _read_all(source, start, end)) == [b"ok-0", b"ok-1", b"ok-2"]
+        # and a range that holds nothing but the aborted records and the marker: empty, and complete
+        assert _read_all(source, {topic: {"0": 3}}, end) == []
     finally:
         source.close()

@@ -1,0 +1,136 @@
+"""SASL/OAUTHBEARER with OIDC client credentials (KIP-768), configured as Spark's Java Kafka clients take it.
+
+Spark/Java options::
+
+    kafka.sasl.mechanism=OAUTHBEARER
+    kafka.sasl.oauthbearer.token.endpoint.url=https://idp.example/oauth2/token
+    kafka.sasl.login.callback.handler.class=org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginCallbackHandler
+    kafka.sasl.jaas.config=org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required
+        clientId="..." clientSecret="..." scope="..." extension_logicalCluster="...";
+
+become one :class:`OidcTokenProvider`, which serves both clients:
+
+- librdkafka (executors' producer and consumer): :meth:`OidcTokenProvider.librdkafka_properties`, its
+  built-in OIDC login (``sasl.oauthbearer.method=oidc``), which fetches and refreshes tokens itself;
+- kafka-python (the driver's transaction requests and offset queries): the provider is kafka-python's
+  ``AbstractTokenProvider``; :meth:`token` POSTs ``grant_type=client_credentials`` with HTTP Basic
+  client authentication (as Java's ``OAuthBearerLoginCallbackHandler``) and caches the token until 80 %
+  of its lifetime has passed.
+
+The client secret never appears in a repr, an error or a log line; a pickled provider carries no token.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any, Mapping, Optional
+
+from kafka.net.sasl.oauth import AbstractTokenProvider
+
+from twophase._redact import MASK, redact_values
+from twophase.errors import ConfigurationError, TransientSinkError
+
+
+class OidcTokenProvider(AbstractTokenProvider):  # type: ignore[misc]
+    """OIDC client-credentials tokens for kafka-python, and the same settings as librdkafka properties."""
+
+    #: refresh a token once this share of its lifetime has passed
+    REFRESH_AT = 0.8
+
+    def __init__(self, token_endpoint_url: str, client_id: str, client_secret: str, scope: Optional[str] = None,
+                 extensions: Mapping[str, str] = {}, timeout_s: float = 30.0) -> None:
+        if not urllib.parse.urlsplit(token_endpoint_url).scheme in ("http", "https"):
+            raise ConfigurationError("option 'kafka.sasl.oauthbearer.token.endpoint.url' must be an http(s) URL, e.g. "
+                                     "https://idp.example/oauth2/token")
+        self.token_endpoint_url = token_endpoint_url
+        self.client_id = client_id
+        self.client_secret = client_secret
+        self.scope = scope or None
+        self._extensions = dict(extensions)
+        self.timeout_s = timeout_s
+        self._token: Optional[str] = None
+        self._refresh_at = 0.0
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return (f"OidcTokenProvider(token_endpoint_url={self.token_endpoint_url!r}, client_id={self.client_id!r}, "
+                f"client_secret={MASK!r}, scope={self.scope!r})")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, OidcTokenProvider) and self._settings() == other._settings()
+
+    def __hash__(self) -> int:
+        return hash(self._settings())
+
+    def _settings(self) -> tuple[Any, ...]:
+        return (self.token_endpoint_url, self.client_id, self.client_secret, self.scope,
+                tuple(sorted(self._extensions.items())))
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.update(_token=None, _refresh_at=0.0)
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def librdkafka_properties(self) -> dict[str, str]:
+        """librdkafka's built-in OIDC login with the same settings."""
+        props = {"sasl.oauthbearer.method": "oidc", "sasl.oauthbearer.client.id": self.client_id,
+                 "sasl.oauthbearer.client.secret": self.client_secret,
+                 "sasl.oauthbearer.token.endpoint.url": self.token_endpoint_url}
+        if self.scope:
+            props["sasl.oauthbearer.scope"] = self.scope
+        if self._extensions:
+            props["sasl.oauthbearer.extensions"] = ",".join(f"{k}={v}" for k, v in sorted(self._extensions.items()))
+        return props
+
+    def extensions(self) -> dict[str, str]:
+        return dict(self._extensions)
+
+    def token(self) -> str:
+        """A valid access token: the cached one, or a new one from the token endpoint."""
+        with self._lock:
+            if self._token is None or time.monotonic() >= self._refresh_at:
+                self._token, lifetime = self._fetch()
+                self._refresh_at = time.monotonic() + self.REFRESH_AT * lifetime
+            return self._token
+
+    def _fetch(self) -> tuple[str, float]:
+        form = {"grant_type": "client_credentials", **({"scope": self.scope} if self.scope else {})}
+        basic = base64.b64encode(f"{urllib.parse.quote(self.client_id)}:{urllib.parse.quote(self.client_secret)}"
+                                 .encode()).decode()
+        request = urllib.request.Request(self.token_endpoint_url, data=urllib.parse.urlencode(form).encode(),
+                                         headers={"Authorization": f"Basic {basic}", "Accept": "application/json",
+                                                  "Content-Type": "application/x-www-form-urlencoded"})
+        where = f"OAUTHBEARER: token endpoint {self.token_endpoint_url} (client id {self.client_id!r})"
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                body = json.loads(response.read().decode("utf-8"))
+        except urllib.error.HTTPError as e:
+            raise TransientSinkError(f"{where} refused the client credentials: HTTP {e.code} "
+                                     f"{redact_values(str(e.reason), [self.client_secret])}") from None
+        except (OSError, ValueError) as e:
+            raise TransientSinkError(f"{where} gave no token: {type(e).__name__}: "
+                                     f"{redact_values(str(e), [self.client_secret])}") from None
+        token = body.get("access_token") if isinstance(body, dict) else None
+        if not isinstance(token, str) or not token:
+            raise TransientSinkError(f"{where} answered without an access_token")
+        try:
+            lifetime = float(body.get("expires_in", 3600))
+        except (TypeError, ValueError):
+            lifetime = 3600.0
+        return token, max(1.0, lifetime)
+
+
+#: Java's login callback handlers for OIDC client credentials (the class moved in Kafka 3.4)
+CALLBACK_HANDLERS = ("org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginCallbackHandler",
+                     "org.apache.kafka.common.security.oauthbearer.secured.OAuthBearerLoginCallbackHandler")
