@@ -14,8 +14,8 @@ Invariants (``test_kafka_source_invN_*``):
 2. :meth:`KafkaSplitReader.read` yields exactly the data records with offsets in ``[start, end)``,
    skipping control records and aborted transactions, the same records on every replay.
 3. A range that cannot be read whole (records deleted by retention, a timeout) raises an error;
-   it is never silently shortened. (The test reads past the end of a partition; a broker whose
-   retention deletes records under a reader is not available here.)
+   it is never silently shortened. (The tests read past the end of a partition, and read a range
+   whose first records the broker deleted after it was planned, as retention or DeleteRecords does.)
 """
 
 from __future__ import annotations

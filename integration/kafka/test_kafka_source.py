@@ -117,3 +117,31 @@ def test_kafka_source_inv2_a_range_ending_in_aborted_data_and_control_records_co
         assert _read_all(source, {topic: {"0": 3}}, end) == []
     finally:
         source.close()
+
+
+def test_kafka_source_inv3_records_deleted_under_a_planned_range_raise_data_loss(kafka_bootstrap, client):
+    """A batch planned ``[0, 10)``, then the broker deletes ``[0, 5)`` (retention; here DeleteRecords)
+    before an executor reads it: the read must fail with DataLossError naming the lost range, never
+    return ``[5, 10)`` as if it were the whole range. Fails if the reader jumps to the new earliest offset."""
+    from confluent_kafka.admin import AdminClient
+    from confluent_kafka import TopicPartition
+    from twophase.errors import DataLossError
+    from twophase.sources._kafka_offsets import KafkaSplit
+    topic = create_topic(kafka_bootstrap, unique("gone"), 1)
+    produce(kafka_bootstrap, topic, [b"r%d" % i for i in range(10)], partitions=1)
+    source = KafkaSource.from_options({"kafka.bootstrap.servers": kafka_bootstrap, "subscribe": topic,
+                                       "kafkaClient": client, "startingOffsets": "earliest"})
+    try:
+        start = source.initial_offset()
+        end = source.latest_offset(start)
+        assert (start, end) == ({topic: {"0": 0}}, {topic: {"0": 10}})
+        admin = AdminClient({"bootstrap.servers": kafka_bootstrap})  # kept: its futures die with it
+        for f in admin.delete_records([TopicPartition(topic, 0, 5)]).values():
+            f.result(30)
+        got = []
+        with pytest.raises(DataLossError, match=r"\[0, 5\)"):
+            for batch in source.reader().read(KafkaSplit(topic, 0, 0, 10)):
+                got += batch.to_pydict()["offset"]
+        assert got == []
+    finally:
+        source.close()
