@@ -264,9 +264,12 @@ class KafkaSinkOptions:
                 raise ConfigurationError(f"{SINK}: the stream needs a 'value' column (binary or string); "
                                          f"it has {', '.join(names)}")
             unknown = [c for c in names if c not in ("key", "value", "topic", "partition", "headers")]
-            if unknown:
-                raise ConfigurationError(f"{SINK}: column(s) {unknown} are not written to Kafka; select key, value "
-                                         "and optionally topic, partition, headers (like Spark's Kafka sink)")
+            if unknown:  # Spark's Kafka sink ignores them too; said once, on the driver
+                _log.warning("kafka_columns_not_written", columns=unknown,
+                             hint="only key, value, topic, partition and headers are written to Kafka")
+            if o["topic"] and "topic" in names:
+                _log.info("kafka_topic_option_overrides_column", topic=o["topic"],
+                          hint="as in Spark's Kafka sink, option 'topic' wins over the 'topic' column")
             if not o["topic"] and "topic" not in names:
                 raise ConfigurationError(f"{SINK}: no topic: set .option('topic', 'name') or add a 'topic' column")
         elif not o["topic"]:
@@ -841,10 +844,11 @@ class KafkaPythonWriter(_KafkaWriterBase):
         cols = batch.schema.names
         values = _as_bytes(batch.column(cols.index("value")).to_pylist())
         keys = _as_bytes(batch.column(cols.index("key")).to_pylist()) if "key" in cols else [None] * n
-        topics = batch.column(cols.index("topic")).to_pylist() if "topic" in cols else None
+        default_topic = self.options.topic
+        # option 'topic' wins over a 'topic' column, as in Spark's Kafka sink
+        topics = batch.column(cols.index("topic")).to_pylist() if "topic" in cols and not default_topic else None
         parts = batch.column(cols.index("partition")).to_pylist() if "partition" in cols else None
         headers = batch.column(cols.index("headers")).to_pylist() if "headers" in cols else None
-        default_topic = self.options.topic
         send = txn.producer.send
         tracks = txn.tracks
         fail = txn.fail
@@ -1089,7 +1093,9 @@ class KafkaWriter(_KafkaWriterBase):
         default_topic = self.options.topic
         producer = txn.producer
         produce, poll = producer.produce, producer.poll
-        if "topic" not in cols and "partition" not in cols and "headers" not in cols:
+        # option 'topic' wins over a 'topic' column, as in Spark's Kafka sink
+        topic_column = "topic" in cols and not default_topic
+        if not topic_column and "partition" not in cols and "headers" not in cols:
             if default_topic is None:
                 raise ConfigurationError(f"{SINK}: no option 'topic' is set and the stream has no 'topic' column")
             for start in range(0, n, _POLL_EVERY):
@@ -1101,7 +1107,7 @@ class KafkaWriter(_KafkaWriterBase):
                     txn.records += 1
                 poll(0)
             return n
-        topics = batch.column(cols.index("topic")).to_pylist() if "topic" in cols else None
+        topics = batch.column(cols.index("topic")).to_pylist() if topic_column else None
         parts = batch.column(cols.index("partition")).to_pylist() if "partition" in cols else None
         headers = batch.column(cols.index("headers")).to_pylist() if "headers" in cols else None
         for i in range(n):

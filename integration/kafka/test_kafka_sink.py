@@ -319,3 +319,22 @@ def test_kafka_sink_inv4_every_slot_open_fails_the_task_never_reinitialises(env,
     for h in held:  # both prepared transactions survived and commit
         assert _commit(sink, h) is CommitStatus.COMMITTED
     assert len(_values(kafka_bootstrap, topic)) == 6
+
+
+def test_kafka_sink_topic_option_wins_over_a_topic_column(env, kafka_bootstrap):
+    """As in Spark's Kafka sink: with option 'topic' set, a 'topic' column (a Kafka-to-Kafka job's input
+    topic, carried along) is ignored, so the job never writes back into its input. Fails if any record
+    lands in the column's topic."""
+    raw, topic = env
+    source_topic = create_topic(kafka_bootstrap, unique("in"), 1)
+    schema = pa.schema([("key", pa.binary()), ("value", pa.binary()), ("topic", pa.string()),
+                        ("offset", pa.int64())])
+    batch = pa.RecordBatch.from_pydict({"key": [b"k%d" % i for i in range(6)], "value": [b"v%d" % i for i in range(6)],
+                                        "topic": [source_topic] * 6, "offset": list(range(6))}, schema=schema)
+    sink = KafkaSink.from_options(raw, schema)
+    prepare_sink(sink, raw["checkpointLocation"], what="test")
+    ack = run_task(sink, TransactionContext(sink.sink_id, 0, "0", 0, task_attempt_id=1), [batch])
+    assert CheckpointCoordinator(sink).complete_batch(0, [ack], ["0"]) == "COMMITTED"
+    assert _values(kafka_bootstrap, topic) == sorted(b"v%d" % i for i in range(6))
+    assert _values(kafka_bootstrap, source_topic) == []
+    assert sum(end_offsets(kafka_bootstrap, source_topic).values()) == 0
