@@ -37,5 +37,9 @@ if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
   .venv/bin/python -c "import twophase, pyspark, pyarrow, kafka, deltalake, boto3, pytest"
   touch "$STAMP"
 fi
+# PySpark discovers pyspark_* modules with pkgutil.iter_modules, which does not see an editable install's
+# finder: put spark_discovery/ on the venv's path (a wheel installs the modules at top level)
+SITE=$(.venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+echo "$ROOT/spark_discovery" > "$SITE/twophase-spark-discovery.pth"
 export PYSPARK_PYTHON="$ROOT/.venv/bin/python"
 echo "setup: ready ($(.venv/bin/python --version), $(java -version 2>&1 | head -1))"

@@ -32,6 +32,9 @@ from typing import Any, Iterable, Mapping, Optional
 from twophase._logging import get_logger
 from twophase.errors import ConfigurationError, MissingDependencyError, TransientSinkError
 
+from twophase._versions import require
+
+require("kafka-python", what="twophase-kafka (the driver's transaction requests and offset queries)")
 try:
     import kafka.errors as Errors
     from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition

@@ -118,6 +118,8 @@ def delta_storage_options(config: S3Config) -> dict[str, str]:
 
 
 def _deltalake() -> Any:
+    from twophase._versions import require
+    require("deltalake", what="twophase-delta")
     try:
         import deltalake
     except ImportError as e:  # pragma: no cover - depends on the install

@@ -243,6 +243,8 @@ class KafkaSinkOptions:
     @classmethod
     def from_options(cls, raw: Mapping[str, Any], schema: Any = None) -> "KafkaSinkOptions":
         """Parse Spark's string options; ``schema`` (with ``.names`` / fields) checks the columns."""
+        from twophase._versions import require
+        require("kafka-python", what=SINK)
         from kafka import KafkaProducer
         source_only = {"subscribe", "assign", "subscribepattern", "startingoffsets", "maxoffsetspertrigger",
                        "includeheaders", "polltimeoutms", "endingoffsets"}
@@ -1003,6 +1005,8 @@ class KafkaWriter(_KafkaWriterBase):
     STATS_WAIT_S = 2.0
 
     def _producer(self, txn: RdKafkaTransaction) -> Any:
+        from twophase._versions import require
+        require("confluent-kafka", what=f"{SINK}'s default producer (or set option kafkaClient=kafka-python)")
         try:
             from confluent_kafka import Producer
         except ImportError as e:

@@ -15,7 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
-from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from twophase._versions import require
+
+require("pyspark", minimum="4.2", what="twophase-kafka's Spark source (pyspark.sql.streaming.datasource)")
+
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition  # noqa: E402
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 

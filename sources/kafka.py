@@ -104,6 +104,8 @@ class KafkaSourceOptions:
 
     @classmethod
     def from_options(cls, raw: Mapping[str, Any]) -> "KafkaSourceOptions":
+        from twophase._versions import require
+        require("kafka-python", what=SOURCE)
         try:
             from kafka import KafkaConsumer
         except ImportError as e:  # pragma: no cover
@@ -242,6 +244,8 @@ class _RdKafkaPartition:
     """
 
     def __init__(self, options: KafkaSourceOptions, topic: str, partition: int, start: int) -> None:
+        from twophase._versions import require
+        require("confluent-kafka", what=f"{SOURCE}'s default reader (or set option kafkaClient=kafka-python)")
         try:
             from confluent_kafka import Consumer, KafkaException, TopicPartition
         except ImportError as e:

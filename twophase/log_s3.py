@@ -73,6 +73,8 @@ class S3Config:
 
     def client(self) -> Any:
         """A new boto3 S3 client (thread-safe; create one per process)."""
+        from twophase._versions import require
+        require("boto3", what="a transaction log, prefix registry or sink on S3")
         try:
             import boto3
             from botocore.config import Config

@@ -33,12 +33,18 @@ def test_barriers_aligned_inv1_no_record_after_barrier_reaches_state_before_snap
 
 
 def test_barriers_tracking_state_sees_records_after_barrier(tmp_path):
-    g, sink, expected = two_source_job(str(tmp_path / "out"), b_delay=0.02)
-    runner(g, "tracking").run()
-    ahead = [r.checkpoint_id for r in completed_records(sink) if r.task_state
-             and keyed_counts(r.task_state).get("a0", 0) > positions(r.task_state)["a0"]]
+    # whether a snapshot lands after records that follow its barrier depends on thread timing: a loaded
+    # machine can align every checkpoint by luck, so the second channel is slowed further until it shows
+    for i, b_delay in enumerate((0.02, 0.05, 0.1)):
+        out = str(tmp_path / f"out{i}")
+        g, sink, expected = two_source_job(out, b_delay=b_delay)
+        runner(g, "tracking").run()
+        assert_exactly_once(out, expected)  # no failure: still exact
+        ahead = [r.checkpoint_id for r in completed_records(sink) if r.task_state
+                 and keyed_counts(r.task_state).get("a0", 0) > positions(r.task_state)["a0"]]
+        if ahead:
+            break
     assert ahead, "with a slow second channel, tracking snapshots include records after the barrier"
-    assert_exactly_once(str(tmp_path / "out"), expected)  # no failure: still exact
 
 
 def test_barriers_tracking_duplicates_after_failure(tmp_path):
@@ -67,12 +73,17 @@ def test_barriers_tracking_duplicates_after_failure(tmp_path):
 
 @pytest.mark.parametrize("fail_at", [30, 400])
 def test_barriers_unaligned_inv6_exactly_once_after_failure(tmp_path, fail_at):
-    out = str(tmp_path / "out")
-    holder = {}
-    fail = FailOnce(fail_at, armed=lambda: len(holder["r"].metrics.checkpoints_completed) >= 2)
-    g, sink, expected = two_source_job(out, b_delay=0.01, map_fn=fail)
-    r = holder["r"] = runner(g, "unaligned", restart=FixedDelayRestart(2, 0.0))
-    result = r.run()
+    # the failure is armed once two checkpoints completed; on a loaded machine the job can end before that,
+    # which exercises nothing: run again (a fresh output) until the failure fired, at most three times
+    for i in range(3):
+        out = str(tmp_path / f"out{i}")
+        holder = {}
+        fail = FailOnce(fail_at, armed=lambda: len(holder["r"].metrics.checkpoints_completed) >= 2)
+        g, sink, expected = two_source_job(out, b_delay=0.01, map_fn=fail)
+        r = holder["r"] = runner(g, "unaligned", restart=FixedDelayRestart(2, 0.0))
+        result = r.run()
+        if fail.fired:
+            break
     assert fail.fired == 1 and result.attempts == 2
     assert_exactly_once(out, expected)
     # invariant 6: state + in-flight data == source position, for every completed checkpoint

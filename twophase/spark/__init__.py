@@ -5,7 +5,12 @@ Spark data source class (``twophase.sinks.<name>_spark``); this package never im
 connector except through the registry below: the built-in entries of :data:`DATA_SOURCES` and the
 entry points of group ``twophase.spark_formats`` (``name = "package.module:DataSourceClass"``), by
 which a connector of another distribution registers itself. An entry whose module cannot be imported
-(its extra is not installed) is skipped and logged.
+(its extra is not installed, or a library is outside the tested versions, see :mod:`twophase._versions`)
+is skipped with a WARNING naming the fix; using that format then fails with the same message.
+
+Without ``register()``: PySpark finds Python data sources by itself in top-level modules named
+``pyspark_*`` that define ``DefaultSource``; twophase installs one per format
+(``pyspark_twophase_files``, ``_kafka``, ``_s3``, ``_delta``; see :mod:`twophase.spark.discovery`).
 """
 
 from __future__ import annotations
@@ -45,8 +50,8 @@ def _loaded() -> tuple[type, ...]:
         module, _, cls = spec.partition(":")
         try:
             out.append(getattr(importlib.import_module(module), cls))
-        except ModuleNotFoundError as e:
-            _log.info("data_source_unavailable", source=spec, error=str(e))
+        except (ImportError, MissingDependencyError) as e:  # its extra is missing or of the wrong version
+            _log.warning("data_source_unavailable", source=spec, reason=str(e))
     return tuple(out)
 
 

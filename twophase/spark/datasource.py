@@ -28,7 +28,11 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Iterator, List, Optional
 
-from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
+from twophase._versions import require
+
+require("pyspark", what="twophase's Spark formats (DataSourceStreamArrowWriter)")
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage  # noqa: E402
 from pyspark.sql.types import StructType
 
 from twophase._logging import get_logger
