@@ -183,6 +183,25 @@ def test_bad_input_unknown_option(spark, tmp_path):
     assert "unknown option" in msg and "partitonby" in msg and "partitionBy" in msg
 
 
+@pytest.mark.parametrize("mode", ["complete", "update"])
+def test_aggregate_output_modes_are_refused_and_write_nothing(spark, tmp_path, mode):
+    """complete reaches a Python sink as overwrite=True (twophase refuses it); update is refused by Spark
+    itself (the sink does not declare it). Either way the query fails before anything is written: appending
+    a whole result table, or updated rows, to the output would silently duplicate aggregates."""
+    inp, out = str(tmp_path / "in"), tmp_path / "out"
+    make_input(inp, 1, 10)
+    df = spark.readStream.schema(SCHEMA).json(inp).groupBy("grp").count()
+    with pytest.raises(Exception) as ei:
+        q = (df.writeStream.format("twophase-file").outputMode(mode).option("path", str(out))
+             .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
+        q.awaitTermination(120)
+        if q.exception() is not None:
+            raise q.exception()
+    msg = str(ei.value)
+    assert ("outputMode('complete')" in msg) if mode == "complete" else ("does not support Update mode" in msg)
+    assert not list(out.rglob("part-*")), "nothing may be written"
+
+
 def test_second_query_on_same_sink_is_refused(spark, tmp_path):
     inp, out, ck = str(tmp_path / "in"), str(tmp_path / "out"), str(tmp_path / "ck")
     ids = make_input(inp, 2, 20)
