@@ -322,8 +322,55 @@ def _partition_values(part_rel: str, schema: Optional[pa.Schema]) -> dict[str, O
     return out
 
 
+#: Delta's default prefix length of string statistics (``delta.dataSkippingStringPrefixLength``)
+STRING_PREFIX = 32
+
+
+def _min_string(v: str) -> str:
+    """A lower bound of ``v`` no longer than :data:`STRING_PREFIX` characters (its prefix)."""
+    return v[:STRING_PREFIX]
+
+
+def _max_string(v: str) -> Optional[str]:
+    """An upper bound of ``v`` no longer than :data:`STRING_PREFIX` + 1 characters, or None when there is
+    none that short. A truncated prefix is smaller than ``v``; the prefix with its last character incremented
+    (code point order, which UTF-8 byte order keeps) is larger than every string starting with that prefix."""
+    if len(v) <= STRING_PREFIX:
+        return v
+    prefix = v[:STRING_PREFIX]
+    for i in range(len(prefix) - 1, -1, -1):
+        c = ord(prefix[i]) + 1
+        if 0xD800 <= c <= 0xDFFF:  # skip the surrogate range, which is not a character
+            c = 0xE000
+        if c <= 0x10FFFF:
+            return prefix[:i] + chr(c)
+    return None
+
+
+def _timestamp_json(v: _dt.datetime, *, upper: bool, utc: bool) -> str:
+    """Delta's timestamp statistic (milliseconds, ``Z`` for UTC-adjusted columns). Statistics have
+    millisecond precision: a maximum with microseconds is rounded UP to the next millisecond, so it
+    still bounds every value (rounding down would let readers skip a file that holds a matching row)."""
+    if v.tzinfo is not None:
+        v = v.astimezone(_dt.timezone.utc).replace(tzinfo=None)
+    if upper and v.microsecond % 1000:
+        v = v.replace(microsecond=v.microsecond - v.microsecond % 1000) + _dt.timedelta(milliseconds=1)
+    elif v.microsecond % 1000:
+        v = v.replace(microsecond=v.microsecond - v.microsecond % 1000)
+    return v.strftime("%Y-%m-%dT%H:%M:%S.") + f"{v.microsecond // 1000:03d}" + ("Z" if utc else "")
+
+
 class _Stats:
-    """Delta file statistics: numRecords, nullCount, and min/max for integer, float (no NaN) and date columns."""
+    """Delta file statistics: numRecords, nullCount of every leaf column, and minValues / maxValues for the
+    types Delta skips data on: integers, floats (none when the column holds NaN or infinity), dates,
+    timestamps (milliseconds; the maximum rounded up) and strings (a 32-character prefix for the minimum,
+    an upper bound of at most 33 characters for the maximum).
+
+    Invariant: for every column with statistics, ``min <= value <= max`` for every non-null value of the
+    file, in Delta's order. A reader may skip the file on that basis, so a bound that is too tight loses rows
+    from query results. Each bound is therefore rounded outward; where no such bound exists the column has
+    no min/max. Decimals, booleans, binary and nested columns get none.
+    """
 
     def __init__(self, schema: pa.Schema) -> None:
         self.num_records = 0
@@ -331,8 +378,10 @@ class _Stats:
         self.min: dict[str, Any] = {}
         self.max: dict[str, Any] = {}
         self._skip: set[str] = set()
+        self._types = {f.name: f.type for f in schema}
         self._tracked = [f.name for f in schema if pa.types.is_integer(f.type) or pa.types.is_floating(f.type)
-                         or pa.types.is_date(f.type)]
+                         or pa.types.is_date(f.type) or pa.types.is_timestamp(f.type)
+                         or pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]
 
     def update(self, batch: pa.RecordBatch) -> None:
         import pyarrow.compute as pc
@@ -355,12 +404,29 @@ class _Stats:
             self.min[name] = lo if name not in self.min else min(self.min[name], lo)
             self.max[name] = hi if name not in self.max else max(self.max[name], hi)
 
+    def _bounds(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        lows: dict[str, Any] = {}
+        highs: dict[str, Any] = {}
+        for name, lo in self.min.items():
+            hi = self.max[name]
+            t = self._types[name]
+            if pa.types.is_timestamp(t):
+                lows[name] = _timestamp_json(lo, upper=False, utc=t.tz is not None)
+                highs[name] = _timestamp_json(hi, upper=True, utc=t.tz is not None)
+            elif isinstance(lo, str):
+                lows[name] = _min_string(lo)
+                upper = _max_string(hi)
+                if upper is not None:
+                    highs[name] = upper
+            elif isinstance(lo, _dt.date):
+                lows[name], highs[name] = lo.isoformat(), hi.isoformat()
+            else:
+                lows[name], highs[name] = lo, hi
+        return lows, highs
+
     def to_json(self) -> str:
-        def enc(v: Any) -> Any:
-            return v.isoformat() if isinstance(v, _dt.date) else v
-        return json.dumps({"numRecords": self.num_records,
-                           "minValues": {k: enc(v) for k, v in self.min.items()},
-                           "maxValues": {k: enc(v) for k, v in self.max.items()},
+        lows, highs = self._bounds()
+        return json.dumps({"numRecords": self.num_records, "minValues": lows, "maxValues": highs,
                            "nullCount": self.null_count}, separators=(",", ":"))
 
 

@@ -185,3 +185,81 @@ def test_delta_sink_inv4_whole_table_listing_catches_what_scoped_sweeps_miss(tmp
     attempt(s, 1, 0, only_x)  # a zombie of checkpoint 1 finishes after the sweep
     co.complete_batch(2, [attempt(s, 2, 0, only_x)])  # 2 - (-1) >= 3: the whole table is listed
     assert set(s.files.list_data()) == referenced(s)
+
+
+STATS_SCHEMA = pa.schema([("s", pa.string()), ("ts", pa.timestamp("us", tz="UTC")), ("ntz", pa.timestamp("us")),
+                          ("d", pa.decimal128(10, 2)), ("b", pa.bool_())])
+
+
+def _stats_batch() -> pa.RecordBatch:
+    import datetime as dt
+    import decimal
+    utc = dt.timezone.utc
+    return pa.record_batch({
+        "s": ["a" * 40 + "b", "a" * 40, "m", "\U0010ffff" * 40, "zz" + "\uffff" * 35, None],
+        "ts": [dt.datetime(2024, 1, 1, 0, 0, 0, 1, tzinfo=utc), dt.datetime(2024, 5, 6, 7, 8, 9, 999_999, tzinfo=utc),
+               None, dt.datetime(2023, 12, 31, 23, 59, 59, 500, tzinfo=utc), dt.datetime(2024, 2, 2, tzinfo=utc),
+               dt.datetime(2024, 3, 3, 3, 3, 3, 3000, tzinfo=utc)],
+        "ntz": [dt.datetime(2024, 1, 1, 12, 0, 0, 123_456)] * 5 + [None],
+        "d": [decimal.Decimal("1.25")] * 6, "b": [True, False, True, None, True, False]}, schema=STATS_SCHEMA)
+
+
+def test_delta_stats_inv_bounds_hold_for_strings_and_timestamps_rounded_outward() -> None:
+    """Every min/max written bounds every value of the file (a reader skips files on them): string
+    statistics are prefixes and incremented prefixes, timestamps milliseconds with the maximum rounded up.
+    Fails if a bound is truncated the wrong way (a max below a value)."""
+    import datetime as dt
+    import json
+    batch_ = _stats_batch()
+    st = _Stats(STATS_SCHEMA)
+    st.update(batch_)
+    stats = json.loads(st.to_json())
+    lo, hi = stats["minValues"], stats["maxValues"]
+    strings = [v for v in batch_.column("s").to_pylist() if v is not None]
+    assert lo["s"] == "a" * 32 and all(lo["s"].encode() <= v.encode() for v in strings)
+    assert "s" not in hi  # the largest string is 40 x U+10FFFF: no short upper bound exists, so no max
+    st2 = _Stats(STATS_SCHEMA)
+    st2.update(batch_.slice(0, 3))
+    hi2 = json.loads(st2.to_json())["maxValues"]["s"]
+    assert hi2 == "m"  # short strings are exact
+    st3 = _Stats(STATS_SCHEMA)
+    st3.update(batch_.slice(4, 2))  # the largest string is 37 characters: a 32-character prefix, incremented
+    hi3 = json.loads(st3.to_json())["maxValues"]["s"]
+    assert len(hi3) == 32 and hi3 == "zz" + "\uffff" * 29 + "\U00010000"
+    assert ("zz" + "\uffff" * 35).encode() < hi3.encode()
+
+    def parse(v: str) -> dt.datetime:
+        return dt.datetime.strptime(v.rstrip("Z"), "%Y-%m-%dT%H:%M:%S.%f")
+    ts = [v.replace(tzinfo=None) for v in batch_.column("ts").to_pylist() if v is not None]
+    assert lo["ts"] == "2023-12-31T23:59:59.000Z" and hi["ts"] == "2024-05-06T07:08:10.000Z"
+    assert parse(lo["ts"]) <= min(ts) and parse(hi["ts"]) >= max(ts)
+    assert lo["ntz"] == "2024-01-01T12:00:00.123" and hi["ntz"] == "2024-01-01T12:00:00.124"
+    assert {"d", "b"}.isdisjoint(lo) and stats["nullCount"]["s"] == 1 and stats["nullCount"]["b"] == 1
+
+
+def test_delta_stats_let_readers_skip_files_and_never_lose_a_matching_row(tmp_path) -> None:
+    """A real table: deltalake's DataFusion prunes files on these statistics (a max set too low loses the row:
+    seen failing with the string max truncated to its prefix), and queries for the longest strings and the
+    largest timestamp still find their rows. (delta-rs widens a timestamp max by 1 ms when it reads it, as
+    Delta Spark does, so rounding the max up is checked by the unit test above, for other readers.)"""
+    import datetime as dt
+    sink = DeltaSink.from_options({"path": str(tmp_path / "t")}, STATS_SCHEMA)
+    sink.validate_destination()
+    sink.transaction_log().claim("test")
+    acks = [run_task(sink, TransactionContext(sink.sink_id, 0, "0"), [_stats_batch().slice(0, 3)]),
+            run_task(sink, TransactionContext(sink.sink_id, 0, "1"), [_stats_batch().slice(3, 3)])]
+    assert CheckpointCoordinator(sink).complete_batch(0, acks, ["0", "1"]) == "COMMITTED"
+    table = DeltaTable(sink.uri)
+    actions = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+    assert all(a["min.s"] is not None and a["min.ts"] is not None for a in actions)  # stats for both types
+    from deltalake import QueryBuilder  # DataFusion, which prunes files on the statistics
+
+    def count(where: str) -> int:
+        rows = QueryBuilder().register("t", table).execute(f"SELECT count(*) AS n FROM t WHERE {where}").read_all()
+        return rows.column("n")[0].as_py()
+    assert count("ts = TIMESTAMP '2024-05-06T07:08:09.999999Z'") == 1
+    assert count("ts > TIMESTAMP '2024-05-06T07:08:09.999500Z'") == 1
+    assert count("s = '" + "a" * 40 + "b'") == 1
+    assert count("s > 'zz'") == 2
+    assert count("s = '" + "\U0010ffff" * 40 + "'") == 1  # above any 32-character prefix of itself
+    assert count("s = 'zz" + "\uffff" * 35 + "'") == 1
