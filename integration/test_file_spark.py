@@ -133,6 +133,34 @@ def test_partitioned_rows_in_json_and_csv(spark, tmp_path, fmt):
     assert all(r["grp"] == f"g{r['id'] % 3}" for r in rows)
 
 
+def test_spark_file_sink_formats_and_options_read_back_by_sparks_own_readers(spark, tmp_path):
+    """ORC; CSV with Spark's options (no header, ';', nullValue, gzip) and maxRecordsPerFile; text: each read
+    back by Spark's reader with the same options, every record once."""
+    inp = str(tmp_path / "in")
+    ids = make_input(inp, 2, 90)
+    out = str(tmp_path / "orc")
+    _run(spark, inp, out, str(tmp_path / "ck-orc"), fmt="orc", partition_by="grp")
+    back = spark.read.orc(out).select("id", "grp").collect()
+    assert sorted(r["id"] for r in back) == ids and all(r["grp"] == f"g{r['id'] % 3}" for r in back)
+    out = str(tmp_path / "csv")
+    _run(spark, inp, out, str(tmp_path / "ck-csv"), fmt="csv", parts=1,
+         extra={"header": "false", "sep": ";", "nullValue": "NULL", "compression": "gzip", "maxRecordsPerFile": "40"})
+    files = glob.glob(os.path.join(out, "*.csv.gz"))
+    assert len(files) >= 180 // 40
+    back = (spark.read.schema(SCHEMA).option("sep", ";").option("nullValue", "NULL").option("escape", '"')
+            .csv(out).collect())
+    assert sorted(r["id"] for r in back) == ids
+    out = str(tmp_path / "text")
+    df = spark.readStream.schema(SCHEMA).json(inp).selectExpr("to_json(struct(id, grp)) AS value")
+    q = (df.writeStream.format("twophase-file").option("format", "text").option("path", out)
+         .option("checkpointLocation", str(tmp_path / "ck-text")).trigger(availableNow=True).start())
+    q.awaitTermination(180)
+    assert q.exception() is None
+    lines = spark.read.text(out).collect()
+    import json as _json
+    assert sorted(_json.loads(r["value"])["id"] for r in lines) == ids
+
+
 def test_rolling_by_file_size(spark, tmp_path):
     inp, out, ck = str(tmp_path / "in"), str(tmp_path / "out"), str(tmp_path / "ck")
     ids = make_input(inp, 1, 3000)

@@ -56,10 +56,11 @@ class FileLikeWriter(SinkWriter[C]):
     """
 
     def __init__(self, context: TransactionContext, *, partition_by: tuple[str, ...], max_file_size: int,
-                 upload_threads: int = 0) -> None:
+                 upload_threads: int = 0, max_records: Optional[int] = None) -> None:
         super().__init__(context)
         self.partition_by = partition_by
         self.max_file_size = max_file_size
+        self.max_records = max_records
         self.open_files: dict[str, Any] = {}
         self.finished: list[dict[str, Any]] = []
         self.records = 0
@@ -111,7 +112,7 @@ class FileLikeWriter(SinkWriter[C]):
         if batch.num_rows == 0:
             return 0
         write_rolling(self.open_files, batch, self.partition_by, self.max_file_size, self.open_file,
-                      self._finish, observe=self.observe)
+                      self._finish, observe=self.observe, max_records=self.max_records)
         self.records += batch.num_rows
         return batch.num_rows
 

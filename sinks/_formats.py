@@ -1,24 +1,97 @@
-"""Row formats for file-like sinks: Parquet, JSON lines and CSV writers over a binary stream.
+"""Row formats for file-like sinks: Parquet, ORC, JSON lines, CSV and text writers over a binary stream.
 
-One small writer class per format, all with the same surface: ``write(batch)``, ``bytes_written``,
-``close()``. The file and S3 sinks share them.
+One small writer class per format, all with the same surface: ``write(batch)``, ``records``,
+``bytes_written``, ``close()``. The file and S3 sinks share them, and their options
+(:data:`FORMAT_OPTIONS`, validated once by :func:`format_options` into a :class:`FormatOptions`), named as
+in Spark's file sink: ``format``, ``compression``, ``maxRecordsPerFile``, and for CSV ``header``, ``sep``
+(``delimiter``), ``quote``, ``nullValue``.
 """
 
 from __future__ import annotations
 
 import base64
+import bz2
 import datetime as _dt
 import decimal
+import gzip
 import json
 import math
-from typing import Any, BinaryIO, Callable, MutableMapping, Optional
+from dataclasses import dataclass
+from typing import Any, BinaryIO, Callable, Mapping, MutableMapping, Optional
 
 import pyarrow as pa
 
 from twophase.errors import ConfigurationError
+from twophase.options import Option, parse_bool, parse_choice, parse_positive_int
 
-FORMATS = ("parquet", "json", "csv")
-EXTENSIONS = {"parquet": "parquet", "json": "json", "csv": "csv"}
+FORMATS = ("parquet", "json", "csv", "orc", "text")
+EXTENSIONS = {"parquet": "parquet", "json": "json", "csv": "csv", "orc": "orc", "text": "txt"}
+#: the codecs of each format; the first is the default (Spark's: snappy for Parquet and ORC, none for text formats)
+COMPRESSIONS: dict[str, tuple[str, ...]] = {
+    "parquet": ("snappy", "zstd", "gzip", "lz4", "none"), "orc": ("snappy", "zstd", "zlib", "lz4", "none"),
+    "json": ("none", "gzip", "bzip2"), "csv": ("none", "gzip", "bzip2"), "text": ("none", "gzip", "bzip2")}
+#: whole-stream codecs of the text formats and the suffix Spark gives their files
+_STREAM_SUFFIX = {"gzip": ".gz", "bzip2": ".bz2"}
+
+#: the format options of the file and S3 sinks (Spark's names)
+FORMAT_OPTIONS: tuple[Option[Any], ...] = (
+    Option("format", parse_choice(*FORMATS), "parquet", help="parquet, orc, json (JSON lines), csv or text"),
+    Option("compression", str, help="parquet: snappy (default), zstd, gzip, lz4, none; orc: snappy (default), zstd, "
+                                    "zlib, lz4, none; json, csv, text: none (default), gzip, bzip2"),
+    Option("maxRecordsPerFile", parse_positive_int, help="roll to a new file after this many records"),
+    Option("header", parse_bool, help="csv: write the column names as the first line (default true)"),
+    Option("sep", str, help="csv: the field separator, one character (default ',')"),
+    Option("delimiter", str, help="csv: the same as sep"),
+    Option("quote", str, help='csv: the quote character; only the default " is supported'),
+    Option("nullValue", str, help="csv: how a null is written (default: an empty, unquoted field)"),
+)
+
+
+@dataclass(frozen=True)
+class FormatOptions:
+    """Validated format options (see :data:`FORMAT_OPTIONS`)."""
+
+    format: str = "parquet"
+    compression: str = "snappy"
+    max_records_per_file: Optional[int] = None
+    header: bool = True
+    sep: str = ","
+    null_value: str = ""
+
+    @property
+    def extension(self) -> str:
+        """``parquet``, ``json.gz``, ``csv.bz2``, ``txt``... (Parquet and ORC codecs are inside the file)."""
+        return EXTENSIONS[self.format] + _STREAM_SUFFIX.get(self.compression, "")
+
+
+def format_options(o: Mapping[str, Any], *, sink: str) -> FormatOptions:
+    """The :class:`FormatOptions` of parsed options ``o`` (the keys of :data:`FORMAT_OPTIONS`); an option that
+    does not apply to the format, or a value it cannot take, is a ConfigurationError naming it and the fix."""
+    fmt = o["format"]
+    codecs = COMPRESSIONS[fmt]
+    compression = str(o["compression"] or codecs[0]).strip().lower()
+    if compression == "uncompressed":
+        compression = "none"
+    if compression not in codecs:
+        raise ConfigurationError(f"{sink}: option 'compression'={compression!r} does not apply to format={fmt}; "
+                                 f"use one of {', '.join(codecs)}")
+    csv_only = [k for k in ("header", "sep", "delimiter", "quote", "nullValue") if o.get(k) is not None]
+    if csv_only and fmt != "csv":
+        raise ConfigurationError(f"{sink}: option(s) {csv_only} apply to format=csv only; drop them or set "
+                                 "option format=csv")
+    if o.get("sep") is not None and o.get("delimiter") is not None and o["sep"] != o["delimiter"]:
+        raise ConfigurationError(f"{sink}: options 'sep' and 'delimiter' disagree; give one of them")
+    sep = o.get("sep") if o.get("sep") is not None else o.get("delimiter")
+    sep = "," if sep is None else ("\t" if sep == "\\t" else sep)  # Spark takes the two characters \t for a tab
+    if len(sep) != 1 or sep in ('"', "\n", "\r"):
+        raise ConfigurationError(f"{sink}: option 'sep' must be one character other than a quote or a line break "
+                                 f"(e.g. ',', ';', '|', '\\t'), got {sep!r}")
+    if o.get("quote") is not None and o["quote"] != '"':
+        raise ConfigurationError(f"{sink}: option 'quote'={o['quote']!r}: only the RFC 4180 quote '\"' is supported "
+                                 "(a quote inside a value is doubled); drop the option")
+    return FormatOptions(format=fmt, compression=compression, max_records_per_file=o.get("maxRecordsPerFile"),
+                         header=True if o.get("header") is None else bool(o["header"]), sep=sep,
+                         null_value=o.get("nullValue") or "")
 
 
 class FormatWriter:
@@ -238,20 +311,32 @@ class JsonLinesFormatWriter(FormatWriter):
 
 
 class CsvFormatWriter(FormatWriter):
-    """RFC 4180 CSV with a header (see the value encodings above); nested and binary columns are refused."""
+    """RFC 4180 CSV (see the value encodings above), a header line unless ``header=False``, fields separated by
+    ``sep``, nulls written as ``null_value`` (default: an empty unquoted field, while an empty string is
+    ``""``); nested and binary columns are refused."""
 
-    def __init__(self, stream: BinaryIO, schema: pa.Schema) -> None:
+    def __init__(self, stream: BinaryIO, schema: pa.Schema, *, header: bool = True, sep: str = ",",
+                 null_value: str = "") -> None:
         super().__init__(stream, schema)
         import pyarrow.csv as pacsv
         for f in schema:
             found = format_problem("csv", f.type)
             if found is not None:
                 raise ConfigurationError(f"column {f.name!r} of type {f.type} cannot be written as csv; {found[1]}")
-        self._encoded = pa.schema([pa.field(f.name, csv_column(pa.nulls(0, f.type), f.name).type) for f in schema])
-        self._w = pacsv.CSVWriter(stream, self._encoded)
+        self._null = null_value
+        self._encoded = pa.schema([pa.field(f.name, self._column(pa.nulls(0, f.type), f.name).type) for f in schema])
+        self._w = pacsv.CSVWriter(stream, self._encoded,
+                                  write_options=pacsv.WriteOptions(include_header=header, delimiter=sep))
+
+    def _column(self, col: pa.Array, name: str) -> pa.Array:
+        out = csv_column(col, name)
+        if self._null:
+            import pyarrow.compute as pc
+            out = pc.fill_null(out.cast(pa.string()), self._null)
+        return out
 
     def write(self, batch: pa.RecordBatch) -> None:
-        cols = [csv_column(c, n) for c, n in zip(batch.columns, batch.schema.names)]
+        cols = [self._column(c, n) for c, n in zip(batch.columns, batch.schema.names)]
         self._w.write_batch(pa.RecordBatch.from_arrays(cols, schema=self._encoded))
         self.records += batch.num_rows
 
@@ -259,14 +344,119 @@ class CsvFormatWriter(FormatWriter):
         self._w.close()
 
 
-def open_format_writer(fmt: str, stream: BinaryIO, schema: pa.Schema, *, compression: str = "snappy") -> FormatWriter:
-    if fmt == "parquet":
-        return ParquetFormatWriter(stream, schema, compression)
-    if fmt == "json":
-        return JsonLinesFormatWriter(stream, schema)
-    if fmt == "csv":
-        return CsvFormatWriter(stream, schema)
-    raise ConfigurationError(f"option 'format' must be one of {', '.join(FORMATS)}, got {fmt!r}")
+class OrcFormatWriter(FormatWriter):
+    """ORC through pyarrow (one stripe per ~64 MiB), as Spark's ORC writer."""
+
+    def __init__(self, stream: BinaryIO, schema: pa.Schema, compression: str = "snappy") -> None:
+        super().__init__(stream, schema)
+        import pyarrow.orc as orc
+        self._w = orc.ORCWriter(stream, compression="uncompressed" if compression == "none" else compression)
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        self._w.write(pa.Table.from_batches([batch]))
+        self.records += batch.num_rows
+
+    def close(self) -> None:
+        self._w.close()
+
+
+class TextFormatWriter(FormatWriter):
+    """Spark's text format: one string column, one line per row (a null is an empty line, as Spark writes it)."""
+
+    def __init__(self, stream: BinaryIO, schema: pa.Schema) -> None:
+        super().__init__(stream, schema)
+        if len(schema) != 1 or not (pa.types.is_string(schema[0].type) or pa.types.is_large_string(schema[0].type)):
+            cols = ", ".join(f"{f.name} {f.type}" for f in schema)
+            raise ConfigurationError(f"format=text writes exactly one string column (besides partitionBy columns), "
+                                     f"got: {cols}; select one, e.g. .selectExpr(\"to_json(struct(*)) AS value\")")
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        values = batch.column(0).to_pylist()
+        if values:
+            self.stream.write(("\n".join("" if v is None else v for v in values) + "\n").encode())
+        self.records += batch.num_rows
+
+
+class _CompressedStream:
+    """A whole-stream codec (gzip, bzip2) in front of ``raw``; :meth:`tell` counts compressed bytes (what
+    rolling by size measures), :meth:`finish` ends the codec's stream without closing ``raw``."""
+
+    def __init__(self, raw: BinaryIO, codec: str) -> None:
+        self.raw = raw
+        self._gz = gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) if codec == "gzip" else None  # type: ignore[arg-type]
+        self._bz = bz2.BZ2Compressor() if codec == "bzip2" else None
+
+    def write(self, data: bytes) -> int:
+        if self._gz is not None:
+            self._gz.write(data)
+        else:
+            assert self._bz is not None
+            out = self._bz.compress(data)
+            if out:
+                self.raw.write(out)
+        return len(data)
+
+    closed = False
+
+    def writable(self) -> bool:
+        return True
+
+    def flush(self) -> None:
+        pass
+
+    def tell(self) -> int:
+        return self.raw.tell()
+
+    def finish(self) -> None:
+        if self._gz is not None:
+            self._gz.close()
+        elif self._bz is not None:
+            self.raw.write(self._bz.flush())
+
+
+class _Compressed(FormatWriter):
+    """A text format writer whose bytes go through a :class:`_CompressedStream`."""
+
+    def __init__(self, inner: FormatWriter, stream: _CompressedStream) -> None:
+        super().__init__(stream.raw, inner.schema)
+        self.inner, self.codec = inner, stream
+
+    @property
+    def records(self) -> int:  # type: ignore[override]
+        return self.inner.records
+
+    @records.setter
+    def records(self, value: int) -> None:
+        pass
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        self.inner.write(batch)
+
+    def close(self) -> None:
+        self.inner.close()
+        self.codec.finish()
+
+
+def open_format_writer(fmt: Any, stream: BinaryIO, schema: pa.Schema, *, compression: Optional[str] = None) -> FormatWriter:
+    """The writer of :class:`FormatOptions` ``fmt`` (or a format name, with ``compression``) over ``stream``."""
+    if isinstance(fmt, str):
+        if fmt not in FORMATS:
+            raise ConfigurationError(f"option 'format' must be one of {', '.join(FORMATS)}, got {fmt!r}")
+        fmt = FormatOptions(format=fmt, compression=compression or COMPRESSIONS[fmt][0])
+    if fmt.format == "parquet":
+        return ParquetFormatWriter(stream, schema, fmt.compression)
+    if fmt.format == "orc":
+        return OrcFormatWriter(stream, schema, fmt.compression)
+    codec = _CompressedStream(stream, fmt.compression) if fmt.compression in _STREAM_SUFFIX else None
+    target: Any = codec if codec is not None else stream
+    inner: FormatWriter
+    if fmt.format == "json":
+        inner = JsonLinesFormatWriter(target, schema)
+    elif fmt.format == "csv":
+        inner = CsvFormatWriter(target, schema, header=fmt.header, sep=fmt.sep, null_value=fmt.null_value)
+    else:
+        inner = TextFormatWriter(target, schema)
+    return inner if codec is None else _Compressed(inner, codec)
 
 
 _ESCAPE = set('"#%\'*/:=?\\\x7f{[]^')
@@ -319,22 +509,32 @@ def slices(batch: pa.RecordBatch, max_bytes: int) -> list[pa.RecordBatch]:
 
 def write_rolling(open_files: MutableMapping[str, Any], batch: pa.RecordBatch, partition_by: tuple[str, ...],
                   max_bytes: int, open_file: Callable[[str, pa.Schema], Any], close_file: Callable[[Any], None],
-                  observe: Optional[Callable[[Any, pa.RecordBatch], None]] = None) -> int:
-    """Route ``batch`` to one open file per Hive partition directory, rolling past ``max_bytes``.
+                  observe: Optional[Callable[[Any, pa.RecordBatch], None]] = None,
+                  max_records: Optional[int] = None) -> int:
+    """Route ``batch`` to one open file per Hive partition directory, rolling past ``max_bytes`` or at
+    ``max_records`` records (Spark's ``maxRecordsPerFile``: no file holds more).
 
     The loop every file-like sink (files, S3, Delta) shares. ``open_files`` maps a partition directory
     (``""`` when unpartitioned) to an object with a ``writer`` (:class:`FormatWriter`);
-    ``open_file(part_rel, schema)`` opens one, ``close_file(f)`` finishes one that reached the limit,
+    ``open_file(part_rel, schema)`` opens one, ``close_file(f)`` finishes one that reached a limit,
     ``observe(f, piece)`` sees every piece written (statistics). Returns the rows written.
     """
     for part_rel, part in split_by_partition(batch, partition_by):
         for piece in slices(part, max_bytes // 4):
-            f = open_files.get(part_rel)
-            if f is None:
-                f = open_files[part_rel] = open_file(part_rel, piece.schema)
-            f.writer.write(piece)
-            if observe is not None:
-                observe(f, piece)
-            if f.writer.bytes_written >= max_bytes:
-                close_file(open_files.pop(part_rel))
+            first = True
+            while first or piece.num_rows:
+                first = False
+                f = open_files.get(part_rel)
+                if f is None:
+                    f = open_files[part_rel] = open_file(part_rel, piece.schema)
+                chunk = piece
+                if max_records is not None and f.writer.records + piece.num_rows > max_records:
+                    chunk = piece.slice(0, max_records - f.writer.records)
+                piece = piece.slice(chunk.num_rows)
+                f.writer.write(chunk)
+                if observe is not None:
+                    observe(f, chunk)
+                if f.writer.bytes_written >= max_bytes or (max_records is not None
+                                                           and f.writer.records >= max_records):
+                    close_file(open_files.pop(part_rel))
     return batch.num_rows

@@ -48,7 +48,7 @@ from twophase.errors import ConfigurationError
 DRIVER_TIMEZONE = "UTC"
 
 #: what a sink's ``format`` may be here: the file formats, plus the Delta and Kafka sinks
-SINK_FORMATS = ("parquet", "json", "csv", "delta", "kafka")
+SINK_FORMATS = ("parquet", "json", "csv", "orc", "text", "delta", "kafka")
 
 _PARTITION_TYPES = (T.StringType, T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.BooleanType,
                     T.DecimalType, T.DateType)
@@ -128,6 +128,13 @@ def check_columns(sink: str, schema: T.StructType, fmt: str, *, partition_by: Se
         check_kafka_columns(sink, schema)
         return
     what = "to Delta" if fmt == "delta" else f"as {fmt}"
+    if fmt == "text":
+        data = [f for f in schema.fields if f.name not in partition_by]
+        if len(data) != 1 or not isinstance(data[0].dataType, T.StringType):
+            cols = ", ".join(f"{f.name} {f.dataType.simpleString()}" for f in data)
+            raise ConfigurationError(f"{sink}: format=text writes exactly one string column (besides partitionBy "
+                                     f"columns), the stream has: {cols}; select one, e.g. "
+                                     ".selectExpr(\"to_json(struct(*)) AS value\")")
     for f in schema.fields:
         problem = _spark_only_problem(f.dataType, f.name)
         if problem is None and fmt in ("json", "csv"):

@@ -39,7 +39,7 @@ from typing import Any, ClassVar, Mapping, Optional, TypedDict
 import pyarrow as pa
 
 from twophase.sinks._filelike import FileLikeWriter, check_partition_columns
-from twophase.sinks._formats import EXTENSIONS, FORMATS, FormatWriter, open_format_writer
+from twophase.sinks._formats import FORMAT_OPTIONS, FormatOptions, FormatWriter, format_options, open_format_writer
 from twophase._logging import get_logger
 from twophase.errors import ConfigurationError, TwoPhaseError
 from twophase.naming import internal_rel
@@ -53,11 +53,10 @@ _log = get_logger(__name__)
 
 FILE_OPTIONS: tuple[Option[Any], ...] = (
     Option("path", str, required=True, help="the output directory: .option('path', '/data/out') or .start('/data/out')"),
-    Option("format", parse_choice(*FORMATS), "parquet", help="parquet, json (JSON lines) or csv"),
+    *FORMAT_OPTIONS,
     Option("partitionBy", parse_list, (), help="comma-separated Hive partition columns (Spark's partitionBy() "
            "does not reach Python sinks; use this option)"),
     Option("maxFileSize", parse_size, 128 << 20, help="roll to a new file past this many bytes (e.g. 128m)"),
-    Option("compression", parse_choice("snappy", "zstd", "gzip", "none"), "snappy", help="Parquet compression"),
 )
 
 
@@ -70,6 +69,8 @@ class FileSinkOptions:
     partition_by: tuple[str, ...] = ()
     max_file_size: int = 128 << 20
     compression: str = "snappy"
+    #: format, codec, maxRecordsPerFile and the CSV options, validated (:func:`~twophase.sinks._formats.format_options`)
+    format_options: FormatOptions = field(default_factory=FormatOptions)
     sink_id: Optional[str] = None
     guarantee: Guarantee = Guarantee.EXACTLY_ONCE
     log_location: Optional[str] = None
@@ -80,9 +81,10 @@ class FileSinkOptions:
     def from_options(cls, raw: Mapping[str, Any], schema: Any = None) -> "FileSinkOptions":
         """Parse Spark's string options; ``schema`` (anything with ``.names``) checks partition columns."""
         o = parse_options(raw, FILE_OPTIONS, sink="twophase-file")
+        fo = format_options(o, sink="twophase-file")
         path = os.path.abspath(os.path.expanduser(o["path"]))
-        opts = cls(path=path, format=o["format"], partition_by=o["partitionBy"], max_file_size=o["maxFileSize"],
-                   compression=o["compression"], sink_id=o["sink.id"], guarantee=Guarantee.parse(o["guarantee"]),
+        opts = cls(path=path, format=fo.format, partition_by=o["partitionBy"], max_file_size=o["maxFileSize"],
+                   compression=fo.compression, format_options=fo, sink_id=o["sink.id"], guarantee=Guarantee.parse(o["guarantee"]),
                    log_location=o["log.location"], log_retain=o["log.retain"], owner=o["checkpointlocation"])
         check_partition_columns("twophase-file", opts.partition_by, schema)
         return opts
@@ -166,7 +168,8 @@ class FileWriter(FileLikeWriter[FileCommittable]):
 
     def __init__(self, sink: FileSink, context: TransactionContext) -> None:
         o = sink.options
-        super().__init__(context, partition_by=o.partition_by, max_file_size=o.max_file_size)
+        super().__init__(context, partition_by=o.partition_by, max_file_size=o.max_file_size,
+                         max_records=o.format_options.max_records_per_file)
         self.sink = sink
         self.exactly_once = sink.guarantee is Guarantee.EXACTLY_ONCE
         self.attempt_rel = (f"{sink.internal_rel}/staging/{context.checkpoint_id:020d}/{context.task_id}-{context.attempt_uid}"
@@ -174,7 +177,7 @@ class FileWriter(FileLikeWriter[FileCommittable]):
 
     def open_file(self, part_rel: str, schema: pa.Schema) -> _OpenFile:
         o = self.sink.options
-        name = self.next_name(EXTENSIONS[o.format])
+        name = self.next_name(o.format_options.extension)
         final_rel = f"{part_rel}/{name}" if part_rel else name
         if self.exactly_once:
             staged_rel = f"{self.attempt_rel}/{final_rel}"
@@ -183,7 +186,7 @@ class FileWriter(FileLikeWriter[FileCommittable]):
         path = os.path.join(self.sink.root, staged_rel)
         makedirs_durable(os.path.dirname(path))
         stream = open(path, "wb")
-        writer = open_format_writer(o.format, stream, schema, compression=o.compression)
+        writer = open_format_writer(o.format_options, stream, schema)
         return _OpenFile(staged_rel, final_rel, stream, writer)
 
     def finish_file(self, f: _OpenFile) -> dict[str, Any]:

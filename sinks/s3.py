@@ -45,7 +45,7 @@ from twophase.naming import internal_rel, part_file_name
 from twophase.sinks._s3 import (MIN_PART_SIZE, MultipartStream, abort_lingering_uploads, abort_upload,  # noqa: F401
                                 check_bucket, complete_upload, multipart_etag)
 from twophase.sinks._filelike import FileLikeWriter, check_partition_columns
-from twophase.sinks._formats import EXTENSIONS, FORMATS, FormatWriter, open_format_writer
+from twophase.sinks._formats import FORMAT_OPTIONS, FormatOptions, FormatWriter, format_options, open_format_writer
 from twophase._logging import get_logger
 from twophase._redact import safe_repr
 from twophase.errors import ConfigurationError, DataLossError
@@ -62,11 +62,10 @@ _log = get_logger(__name__)
 
 S3_OPTIONS: tuple[Option[Any], ...] = (
     Option("path", str, required=True, help="where objects go: s3://bucket/prefix"),
-    Option("format", parse_choice(*FORMATS), "parquet", help="parquet, json (JSON lines) or csv"),
+    *FORMAT_OPTIONS,
     Option("partitionBy", parse_list, (), help="comma-separated Hive partition columns"),
     Option("partSize", parse_size, 8 << 20, help="multipart part size, at least 5m (S3's minimum)"),
     Option("maxFileSize", parse_size, 128 << 20, help="roll to a new object past this many bytes (e.g. 128m)"),
-    Option("compression", parse_choice("snappy", "zstd", "gzip", "none"), "snappy", help="Parquet compression"),
     *S3_CLIENT_OPTIONS,
 )
 
@@ -84,6 +83,8 @@ class S3SinkOptions:
     part_size: int = 8 << 20
     max_file_size: int = 128 << 20
     compression: str = "snappy"
+    #: format, codec, maxRecordsPerFile and the CSV options, validated (:func:`~twophase.sinks._formats.format_options`)
+    format_options: FormatOptions = field(default_factory=FormatOptions)
     sink_id: Optional[str] = None
     guarantee: Guarantee = Guarantee.EXACTLY_ONCE
     log_location: Optional[str] = None
@@ -98,15 +99,16 @@ class S3SinkOptions:
     def from_options(cls, raw: Mapping[str, Any], schema: Any = None) -> "S3SinkOptions":
         """Parse Spark's string options; ``schema`` (anything with ``.names``) checks partition columns."""
         o = parse_options(raw, S3_OPTIONS, sink="twophase-s3")
+        fo = format_options(o, sink="twophase-s3")
         bucket, prefix = parse_s3_url(o["path"])
         if o["partSize"] < MIN_PART_SIZE:
             raise ConfigurationError(f"twophase-s3: option 'partSize'={o['partSize']} is below S3's minimum part "
                                      "size of 5 MiB; use at least 5m")
         if o["maxFileSize"] < o["partSize"]:
             raise ConfigurationError("twophase-s3: option 'maxFileSize' must be at least 'partSize'")
-        opts = cls(bucket=bucket, prefix=prefix, s3=s3_config_from(o), format=o["format"],
+        opts = cls(bucket=bucket, prefix=prefix, s3=s3_config_from(o), format=fo.format,
                    partition_by=o["partitionBy"], part_size=o["partSize"], max_file_size=o["maxFileSize"],
-                   compression=o["compression"], sink_id=o["sink.id"], guarantee=Guarantee.parse(o["guarantee"]),
+                   compression=fo.compression, format_options=fo, sink_id=o["sink.id"], guarantee=Guarantee.parse(o["guarantee"]),
                    log_location=o["log.location"], log_retain=o["log.retain"], owner=o["checkpointlocation"])
         check_partition_columns("twophase-s3", opts.partition_by, schema)
         return opts
@@ -197,16 +199,17 @@ class S3Writer(FileLikeWriter[S3Committable]):
 
     def __init__(self, sink: S3Sink, context: TransactionContext) -> None:
         o = sink.options
-        super().__init__(context, partition_by=o.partition_by, max_file_size=o.max_file_size, upload_threads=2)
+        super().__init__(context, partition_by=o.partition_by, max_file_size=o.max_file_size,
+                         max_records=o.format_options.max_records_per_file, upload_threads=2)
         self.sink = sink
 
     def open_file(self, part_rel: str, schema: pa.Schema) -> _OpenObject:
         o = self.sink.options
-        name = self.next_name(EXTENSIONS[o.format])
+        name = self.next_name(o.format_options.extension)
         key = self.sink.key(f"{part_rel}/{name}" if part_rel else name)
         assert self.pool is not None
         stream = MultipartStream(self.sink.client, o.bucket, key, o.part_size, self.pool)
-        writer = open_format_writer(o.format, stream, schema, compression=o.compression)
+        writer = open_format_writer(o.format_options, stream, schema)
         return _OpenObject(key, stream, writer)
 
     def finish_file(self, f: _OpenObject) -> dict[str, Any]:
