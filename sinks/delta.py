@@ -40,6 +40,10 @@ Invariants (``test_delta_sink_invN_*``):
 5. The stream's schema is checked on the driver before any data moves: a new column needs
    ``mergeSchema=true`` (then it is added, nullable, in a metadata-only commit); a changed type or other
    partition columns are refused with a :class:`~twophase.errors.ConfigurationError`.
+6. No row that breaks the table's NOT NULL columns, CHECK constraints, column invariants or generated
+   columns is ever committed: the writer checks every batch before writing it
+   (:mod:`twophase.sinks._delta_checks`); the task fails with ConstraintViolationError. Tables whose
+   files twophase cannot write correctly (column mapping, identity columns) are refused on the driver.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ from typing import Any, ClassVar, Iterator, Mapping, Optional, Sequence, TypedDi
 
 import pyarrow as pa
 
+from twophase.sinks._delta_checks import TableChecks, table_checks
 from twophase.sinks._filelike import FileLikeWriter
 from twophase.sinks._formats import ParquetFormatWriter
 from twophase.sinks._filelike import check_partition_columns
@@ -476,6 +481,9 @@ class DeltaSink(SinkSpec[DeltaCommittable]):
         self.guarantee = Guarantee.EXACTLY_ONCE
         #: the table's partition columns (the option, or the existing table's when the option is empty)
         self.partition_by: tuple[str, ...] = options.partition_by
+        #: what the table requires of every row (NOT NULL, CHECK, generated columns); read with the table's
+        #: schema on the driver, else by the first writer (None: not read yet)
+        self.checks: Optional[TableChecks] = None
         self.files: Any = (_S3Files(options.uri, options.s3, options.part_size) if options.on_s3
                            else _LocalFiles(options.uri))
 
@@ -484,11 +492,19 @@ class DeltaSink(SinkSpec[DeltaCommittable]):
         return cls(DeltaSinkOptions.from_options(raw, schema))
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"options": self.options, "partition_by": self.partition_by}
+        return {"options": self.options, "partition_by": self.partition_by, "checks": self.checks}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["options"])
         self.partition_by = tuple(state.get("partition_by", self.options.partition_by))
+        self.checks = state.get("checks")
+
+    def table_checks(self, schema: pa.Schema) -> TableChecks:
+        """What the table requires of rows of ``schema`` (read once per sink object; none while there is no table)."""
+        if self.checks is None:
+            dt = self._table()
+            self.checks = TableChecks() if dt is None else table_checks(dt, schema)
+        return self.checks
 
     # ---- the table
 
@@ -556,6 +572,8 @@ class DeltaSink(SinkSpec[DeltaCommittable]):
         if new_fields:
             dt.alter.add_columns(new_fields)
             _log.info("delta_schema_merged", sink_id=self.sink_id, uri=self.uri, added=[f.name for f in new_fields])
+            dt = self._table()
+        self.checks = table_checks(dt, schema)  # refuses what cannot be written correctly, before any write
 
     def transaction_log(self) -> TransactionLog:
         loc = self.options.log_location or f"{self.uri}/{internal_rel(self.sink_id)}/log"
@@ -575,6 +593,11 @@ class DeltaWriter(FileLikeWriter[DeltaCommittable]):
         super().__init__(context, partition_by=sink.partition_by, max_file_size=sink.options.target_file_size,
                          upload_threads=2)
         self.sink = sink
+
+    def write(self, batch: pa.RecordBatch) -> int:
+        """Refuse a batch that breaks the table's NOT NULL, CHECK or generated columns before writing any of it."""
+        self.sink.table_checks(batch.schema).enforce(batch)
+        return super().write(batch)
 
     def open_file(self, part_rel: str, schema: pa.Schema) -> _OpenFile:
         name = self.next_name("parquet")

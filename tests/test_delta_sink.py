@@ -263,3 +263,75 @@ def test_delta_stats_let_readers_skip_files_and_never_lose_a_matching_row(tmp_pa
     assert count("s > 'zz'") == 2
     assert count("s = '" + "\U0010ffff" * 40 + "'") == 1  # above any 32-character prefix of itself
     assert count("s = 'zz" + "\uffff" * 35 + "'") == 1
+
+
+def _sink_on(path: str, schema: pa.Schema, with_schema: bool = True) -> DeltaSink:
+    s = DeltaSink.from_options({"path": path}, schema if with_schema else None)
+    s.validate_destination()
+    s.transaction_log().claim("test")
+    return s
+
+
+def _rows_of(sink: DeltaSink) -> list[dict]:
+    return sorted(DeltaTable(sink.uri).to_pyarrow_table().to_pylist(), key=lambda r: r["id"])
+
+
+@pytest.mark.parametrize("with_schema", [True, False])  # False: the runtime's sink, which reads the table itself
+def test_delta_sink_inv6_rows_breaking_not_null_or_check_constraints_are_never_committed(tmp_path, with_schema):
+    """Before the fix both batches below were committed, and the table held a null id and id -5 despite its
+    NOT NULL column and CHECK (id > 0)."""
+    from deltalake import write_deltalake
+    from twophase.errors import ConstraintViolationError
+    path = str(tmp_path / "t")
+    table_schema = pa.schema([pa.field("id", pa.int64(), nullable=False), ("v", pa.string())])
+    write_deltalake(path, pa.table({"id": [1], "v": ["seed"]}, schema=table_schema))
+    DeltaTable(path).alter.add_constraint({"pos": "id > 0"})
+    DeltaTable(path).alter.add_constraint({"v_ok": "v <> 'bad'"})
+    stream = pa.schema([("id", pa.int64()), ("v", pa.string())])
+    sink = _sink_on(path, stream, with_schema)
+    version = DeltaTable(path).version()
+    for bad, match in ((pa.record_batch({"id": [2, None], "v": ["ok", "x"]}, schema=stream), "'id' is NOT NULL"),
+                       (pa.record_batch({"id": [3, -5], "v": ["ok", "x"]}, schema=stream), "CHECK constraint 'pos'"),
+                       (pa.record_batch({"id": [4, 6], "v": ["ok", "bad"]}, schema=stream), "'v_ok'"),
+                       (pa.record_batch({"id": [4, 6], "v": ["ok", None]}, schema=stream), "'v_ok'")):  # NULL fails
+        with pytest.raises(ConstraintViolationError, match=match):
+            run_task(sink, TransactionContext(sink.sink_id, 0, "0"), [bad])
+    assert DeltaTable(path).version() == version and _rows_of(sink) == [{"id": 1, "v": "seed"}]
+    assert not [f for f in os_files(path) if "part-" in f and sink_token(sink.sink_id) in f]  # nothing left behind
+    good = run_task(sink, TransactionContext(sink.sink_id, 0, "0"), [pa.record_batch({"id": [7], "v": ["fine"]},
+                                                                                      schema=stream)])
+    assert CheckpointCoordinator(sink).complete_batch(0, [good], ["0"]) == "COMMITTED"
+    assert _rows_of(sink) == [{"id": 1, "v": "seed"}, {"id": 7, "v": "fine"}]
+
+
+def os_files(root: str) -> list[str]:
+    import os
+    return [os.path.join(d, n) for d, _, names in os.walk(root) for n in names]
+
+
+def test_delta_sink_inv6_generated_columns_must_equal_their_expression_and_be_provided(tmp_path):
+    from deltalake import Field, Schema
+    from twophase.errors import ConstraintViolationError
+    path = str(tmp_path / "g")
+    DeltaTable.create(path, Schema([Field("id", "long"), Field("g", "long", metadata={
+        "delta.generationExpression": "id * 2"})]))
+    stream = pa.schema([("id", pa.int64()), ("g", pa.int64())])
+    sink = _sink_on(path, stream)
+    with pytest.raises(ConstraintViolationError, match="generated column 'g'"):
+        run_task(sink, TransactionContext(sink.sink_id, 0, "0"), [pa.record_batch({"id": [1, 2], "g": [2, 5]},
+                                                                                   schema=stream)])
+    ok = run_task(sink, TransactionContext(sink.sink_id, 0, "0"), [pa.record_batch({"id": [1, 2], "g": [2, 4]},
+                                                                                   schema=stream)])
+    assert CheckpointCoordinator(sink).complete_batch(0, [ok], ["0"]) == "COMMITTED"
+    with pytest.raises(ConfigurationError, match=r"generated columns the stream does not provide: \['g = id \* 2'\]"):
+        _sink_on(path, pa.schema([("id", pa.int64())]))
+
+
+def test_delta_sink_inv6_column_mapping_table_refused_before_any_write(tmp_path):
+    """Data files of a column-mapped table name columns by physical name; files written with logical names
+    read as nulls in Delta readers that follow the protocol. Refused on the driver."""
+    path = str(tmp_path / "cm")
+    DeltaTable.create(path, pa.schema([("id", pa.int64())]), configuration={"delta.columnMapping.mode": "name"})
+    with pytest.raises(ConfigurationError, match="column mapping"):
+        _sink_on(path, pa.schema([("id", pa.int64())]))
+    assert not [f for f in os_files(path) if f.endswith(".parquet")]

@@ -13,6 +13,7 @@ AttributeError at the first batch. The floors match ``pyproject.toml`` (a test c
 | confluent-kafka | >= 2.4 | the executors' producer and consumer (statistics with ``eos``, OIDC) |
 | deltalake | >= 1.0 | ``DeltaTable.transaction_version`` (idempotent commits by application id) |
 | boto3 | >= 1.34 | conditional writes (``IfNoneMatch``) for the log on S3 |
+| datafusion | >= 40 | a Delta table's CHECK constraints and generated columns, evaluated as delta-rs does |
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ REQUIREMENTS: dict[str, tuple[str, Optional[str], str]] = {
     "confluent-kafka": ("2.4", None, "kafka"),
     "deltalake": ("1.0", None, "delta"),
     "boto3": ("1.34", None, "s3"),
+    "datafusion": ("40", None, "delta"),
 }
 
 
@@ -49,7 +51,7 @@ def _key(version: str) -> tuple[int, ...]:
 #: distribution -> module, for installs without distribution metadata (a Spark distribution's python/ on
 #: PYTHONPATH, a vendored copy): the module's ``__version__`` is used then
 MODULES = {"pyspark": "pyspark", "kafka-python": "kafka", "confluent-kafka": "confluent_kafka",
-           "deltalake": "deltalake", "boto3": "boto3"}
+           "deltalake": "deltalake", "boto3": "boto3", "datafusion": "datafusion"}
 
 
 @functools.lru_cache(maxsize=None)

@@ -42,6 +42,11 @@ class DataLossError(TwoPhaseError):
     """
 
 
+class ConstraintViolationError(TwoPhaseError, ValueError):
+    """Rows break a requirement of the destination (a Delta table's NOT NULL column, CHECK constraint or generated
+    column); the task fails before any of its rows are visible, as the destination's own writers would."""
+
+
 class LogCorruptError(TwoPhaseError):
     """A transaction log record fails its checksum or cannot be parsed; the log is refused rather than guessed at."""
 
