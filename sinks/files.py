@@ -82,7 +82,16 @@ class FileSinkOptions:
         """Parse Spark's string options; ``schema`` (anything with ``.names``) checks partition columns."""
         o = parse_options(raw, FILE_OPTIONS, sink="twophase-file")
         fo = format_options(o, sink="twophase-file")
-        path = os.path.abspath(os.path.expanduser(o["path"]))
+        raw_path = str(o["path"])
+        scheme = raw_path.split("://", 1)[0].lower() if "://" in raw_path else ""
+        if scheme and scheme != "file":
+            where = ("use format twophase-s3 (same options) for S3" if scheme in ("s3", "s3a", "s3n") else
+                     f"{scheme}:// is not supported; mount the store (gcsfuse, blobfuse2, an HDFS NFS gateway) on "
+                     "every node and give the mount path, or use twophase-s3 / twophase-delta")
+            raise ConfigurationError(f"twophase-file: option 'path'={raw_path!r} is a {scheme}:// URL, but twophase-file "
+                                     "writes to a local or shared mounted filesystem (hard links make its commit "
+                                     f"atomic); {where}")
+        path = os.path.abspath(os.path.expanduser(raw_path.removeprefix("file://")))
         opts = cls(path=path, format=fo.format, partition_by=o["partitionBy"], max_file_size=o["maxFileSize"],
                    compression=fo.compression, format_options=fo, sink_id=o["sink.id"], guarantee=Guarantee.parse(o["guarantee"]),
                    log_location=o["log.location"], log_retain=o["log.retain"], owner=o["checkpointlocation"])

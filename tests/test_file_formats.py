@@ -127,3 +127,27 @@ def test_s3_sink_takes_the_same_format_options():
     assert o.format_options.max_records_per_file == 100
     with pytest.raises(ConfigurationError, match="format=csv only"):
         S3SinkOptions.from_options({"path": "s3://b/p", "nullValue": "x"})
+
+
+@pytest.mark.parametrize("url, match", [("s3a://bucket/out", "twophase-s3"), ("s3://bucket/out", "twophase-s3"),
+                                        ("gs://bucket/out", "gs:// is not supported"),
+                                        ("abfss://c@acct.dfs.core.windows.net/out", "abfss:// is not supported"),
+                                        ("hdfs://nn:8020/out", "hdfs:// is not supported")])
+def test_file_sink_refuses_a_url_instead_of_writing_a_local_folder_named_after_it(tmp_path, url, match, monkeypatch):
+    """Before: 's3a://bucket/out' became the local folder ./s3a:/bucket/out on each executor (data nowhere
+    the user would look)."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigurationError, match=match):
+        FileSink.from_options({"path": url})
+    assert not os.listdir(tmp_path)
+    assert FileSink.from_options({"path": f"file://{tmp_path}/x"}).root == f"{tmp_path}/x"
+
+
+def test_s3_and_delta_take_s3a_urls_and_refuse_other_schemes():
+    from twophase.sinks.delta import DeltaSinkOptions
+    from twophase.sinks.s3 import S3SinkOptions
+    assert S3SinkOptions.from_options({"path": "s3a://bucket/p"}).bucket == "bucket"
+    assert DeltaSinkOptions.from_options({"path": "s3a://bucket/t"}).on_s3
+    for opts in ({"path": "gs://bucket/t"}, {"path": "abfss://c@a.dfs.core.windows.net/t"}):
+        with pytest.raises(ConfigurationError, match="not an S3 URL"):
+            DeltaSinkOptions.from_options(opts)
