@@ -161,6 +161,26 @@ def test_spark_file_sink_formats_and_options_read_back_by_sparks_own_readers(spa
     assert sorted(_json.loads(r["value"])["id"] for r in lines) == ids
 
 
+def test_query_listener_reports_sink_metrics_from_the_log(spark, tmp_path):
+    import time as _time
+    from twophase.metrics import query_listener
+    inp, out, ck = str(tmp_path / "in"), str(tmp_path / "out"), str(tmp_path / "ck")
+    ids = make_input(inp, 3, 20)
+    listener = query_listener({"out": out})
+    spark.streams.addListener(listener)
+    try:
+        _run(spark, inp, out, ck)
+        deadline = _time.monotonic() + 30
+        while _time.monotonic() < deadline and (listener.latest.get("out") is None
+                                                or listener.latest["out"].records_committed < len(ids)):
+            _time.sleep(0.2)
+    finally:
+        spark.streams.removeListener(listener)
+    m = listener.latest["out"]
+    assert m.records_committed == len(ids) and m.checkpoints["COMMITTED"] == 3 and m.data_loss == 0
+    assert 'twophase_records_committed{sink="out"} 60' in listener.prometheus()
+
+
 def test_rolling_by_file_size(spark, tmp_path):
     inp, out, ck = str(tmp_path / "in"), str(tmp_path / "out"), str(tmp_path / "ck")
     ids = make_input(inp, 1, 3000)

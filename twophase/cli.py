@@ -9,12 +9,26 @@ several sinks write there).
 operator's way out of a checkpoint that can never be committed (its transactions expired or were
 deleted: recovery raises DataLossError at every restart): it records the checkpoint as LOST, with the
 reason, in the log. The loss is then recorded, never silent, and the query can go on.
+
+``twophase log verify LOCATION [--sink-id ID]`` reads every record of the log and checks its checksum,
+and, given a twophase-file output path, looks for what no committed checkpoint accounts for:
+- staged files of checkpoints up to the newest committed one (a sweep that has not run yet);
+- final files of this sink whose checkpoint is not COMMITTED in the log.
+
+It exits 1 when it finds a problem, 0 otherwise. It only reads; the sink's own recovery removes orphans.
+
+``twophase metrics LOCATION [--prometheus]`` prints :mod:`twophase.metrics` of a sink's log.
+
+``twophase kafka list-transactions --bootstrap HOST:PORT [--prefix P] [--state S]`` lists the broker's
+transactions under a transactional id prefix (ListTransactions); it only reads. A query aborts its own
+lingering transactions when it starts.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import importlib
 import json
 import os
 import sys
@@ -23,6 +37,10 @@ from typing import Any, Optional, Sequence
 from twophase._redact import redact_json, redact_mapping, redact_text
 from twophase.errors import TwoPhaseError
 from twophase.log import TransactionLog
+
+
+#: "module:function" adding a connector's subcommands to the parser (each sets ``handler`` on its parsers)
+CLI_COMMANDS: tuple[str, ...] = ("twophase.sinks.kafka_cli:register",)
 
 
 def _resolve_log_location(location: str, sink_id: Optional[str] = None) -> str:
@@ -98,6 +116,60 @@ class _NoSink:
         self.sink_id = sink_id
 
 
+def verify_log(location: str, sink_id: Optional[str] = None) -> dict[str, Any]:
+    """Checksums of every record, and (for a twophase-file output path) staged leftovers and uncommitted files."""
+    from twophase.errors import LogCorruptError
+    from twophase.log import decode_record
+    where = _resolve_log_location(location, sink_id)
+    log = TransactionLog.open(where, sink_id or "?")
+    names = [*log.store.list("checkpoints/"), "owner.json", "query.json"]
+    corrupt: list[str] = []
+    for i, name in enumerate(names):
+        if i and i % 5000 == 0:
+            sys.stderr.write(f"\rtwophase: verified {i}/{len(names)} log objects")
+        data = log.store.get(name)
+        if data is None or not name.endswith(".json"):
+            continue
+        try:
+            decode_record(data, name)
+        except LogCorruptError as e:
+            corrupt.append(redact_text(str(e)))
+    if len(names) >= 5000:
+        sys.stderr.write("\n")
+    report: dict[str, Any] = {"location": redact_text(log.location), "objects": len(names), "corrupt": corrupt,
+                              "staged_leftovers": [], "uncommitted_files": []}
+    if not corrupt and os.path.isdir(location) and where != location:
+        report.update(_file_orphans(location, where))
+    report["ok"] = not (corrupt or report["staged_leftovers"] or report["uncommitted_files"])
+    return report
+
+
+def _file_orphans(root: str, log_location: str) -> dict[str, list[str]]:
+    """A file sink's staged leftovers and final part files no COMMITTED record lists."""
+    from twophase.naming import INTERNAL_DIR
+    sink_id = _recorded_sink_id(log_location)
+    log = TransactionLog.open(log_location, sink_id)
+    records = log.records()
+    committed = {r.checkpoint_id for r in records if r.state.value == "COMMITTED"}
+    top = max(committed, default=-1)
+    listed = {f.get("final") for r in records if r.state.value == "COMMITTED"
+              for h in r.handles.values() for f in (h or {}).get("files", [])}
+    token = os.path.basename(os.path.dirname(log_location.rstrip("/")))
+    staged, uncommitted = [], []
+    staging = os.path.join(root, INTERNAL_DIR, token, "staging")
+    if os.path.isdir(staging):
+        for ck in sorted(os.listdir(staging)):
+            if ck.isdigit() and int(ck) <= top and os.listdir(os.path.join(staging, ck)):
+                staged.append(os.path.join(staging, ck))
+    for d, dirs, files in os.walk(root):
+        dirs[:] = [x for x in dirs if not x.startswith(("_", "."))]
+        for f in files:
+            rel = os.path.relpath(os.path.join(d, f), root)
+            if f.startswith(f"part-{token}-") and rel not in listed:
+                uncommitted.append(rel)
+    return {"staged_leftovers": staged, "uncommitted_files": sorted(uncommitted)}
+
+
 def _print_table(info: dict[str, Any], out: Any) -> None:
     owner = info["owner"] or {}
     query = (info.get("query") or {}).get("query_id", "-")
@@ -133,8 +205,33 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                      help="required: you accept that records of this checkpoint are missing from the sink")
     res.add_argument("--reason", default="operator accepted the loss", help="recorded with the checkpoint")
     res.add_argument("--sink-id", help="sink id (default: the log's owner record)")
+    ver = log_sub.add_parser("verify", help="check every record's checksum and, for a file sink, look for orphans")
+    ver.add_argument("location", help="log directory, or a twophase-file output path")
+    ver.add_argument("--sink-id", help="sink id (default: the log's owner record)")
+    met = sub.add_parser("metrics", help="a sink's metrics from its log (see twophase.metrics)")
+    met.add_argument("location", help="log directory, or a file/Delta sink's output path")
+    met.add_argument("--sink-id", help="sink id (default: the log's owner record)")
+    met.add_argument("--prometheus", action="store_true", help="Prometheus text instead of JSON")
+    for spec in CLI_COMMANDS:  # connectors' commands, by name (the core imports no connector)
+        module, _, fn = spec.partition(":")
+        try:
+            getattr(importlib.import_module(module), fn)(sub)
+        except (ImportError, TwoPhaseError):  # its extra is not installed
+            continue
     args = parser.parse_args(argv)
     try:
+        if args.command == "log" and args.log_command == "verify":
+            report = verify_log(args.location, args.sink_id)
+            json.dump(report, sys.stdout, indent=2)
+            sys.stdout.write("\n")
+            return 0 if report["ok"] else 1
+        if args.command == "metrics":
+            from twophase.metrics import prometheus_text, sink_metrics
+            m = sink_metrics(args.location, args.sink_id)
+            sys.stdout.write(prometheus_text([m]) if args.prometheus else json.dumps(m.to_json(), indent=2) + "\n")
+            return 0
+        if getattr(args, "handler", None) is not None:
+            return int(args.handler(args))
         if args.command == "log" and args.log_command == "inspect":
             info = inspect_log(args.location, args.sink_id)
             if args.json:

@@ -338,3 +338,22 @@ def test_kafka_sink_topic_option_wins_over_a_topic_column(env, kafka_bootstrap):
     assert _values(kafka_bootstrap, topic) == sorted(b"v%d" % i for i in range(6))
     assert _values(kafka_bootstrap, source_topic) == []
     assert sum(end_offsets(kafka_bootstrap, source_topic).values()) == 0
+
+
+def test_cli_kafka_list_transactions_shows_an_open_transaction_of_the_prefix(kafka_bootstrap, capsys):
+    from kafka import KafkaProducer
+    from twophase.cli import main
+    prefix = unique("cli")
+    topic = create_topic(kafka_bootstrap, unique("clit"), 1)
+    p = KafkaProducer(bootstrap_servers=kafka_bootstrap, transactional_id=f"{prefix}-0-0-0")
+    try:
+        p.init_transactions()
+        p.begin_transaction()
+        p.send(topic, b"open", partition=0)
+        p.flush()
+        assert main(["kafka", "list-transactions", "--bootstrap", kafka_bootstrap, "--prefix", prefix]) == 0
+        lines = capsys.readouterr().out.strip().splitlines()
+        assert [line.split("\t")[0] for line in lines] == [f"{prefix}-0-0-0"] and lines[0].endswith("Ongoing")
+    finally:
+        p.abort_transaction()
+        p.close()
