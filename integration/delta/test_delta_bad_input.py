@@ -91,3 +91,17 @@ def test_delta_wrong_credentials_are_a_configuration_error(spark, s3_server: S3S
                                         "s3.secretAccessKey": "wrong"})
     assert "ConfigurationError" in msg and "refused the credentials" in msg
     assert s3_server.client().list_objects_v2(Bucket=bucket).get("KeyCount", 0) == 0
+
+
+def test_delta_sink_inv6_check_constraint_violation_reaches_the_driver_and_commits_nothing(spark, tmp_path) -> None:
+    """The executor's ConstraintViolationError is what the query fails with, naming the constraint; the table is
+    unchanged (ids 0..19 include 0, which CHECK (id > 0) refuses)."""
+    table = tmp_path / "table"
+    dt = existing_table(table)
+    DeltaTable(str(table)).alter.add_constraint({"positive_or_seed": "id > 0 OR id = -1"})
+    version = DeltaTable(str(table)).version()
+    msg = run_stream(spark, tmp_path, {"path": str(table), "mergeSchema": "true"})
+    assert "ConstraintViolationError" in msg and "positive_or_seed" in msg
+    after = DeltaTable(str(table))
+    assert after.to_pyarrow_table().num_rows == 1
+    assert after.version() == version + 1  # only mergeSchema's metadata commit (column v), no data
