@@ -204,3 +204,9 @@ def test_kafka_options_jks_stores_refused_naming_the_pem_settings(key):
             KafkaSinkOptions.from_options({**BASE, key: "/x.jks", "kafkaClient": client}, SCHEMA)
     with pytest.raises(ConfigurationError, match="PEM"):
         KafkaSourceOptions.from_options({"kafka.bootstrap.servers": "h:1", "subscribe": "t", key: "/x.jks"})
+
+
+def test_kafka_options_kerberos_jaas_refused_naming_the_settings_to_use():
+    jaas = 'com.sun.security.auth.module.Krb5LoginModule required useKeyTab=true keyTab="/k.keytab" principal="p@R";'
+    with pytest.raises(ConfigurationError, match="kafka.sasl.kerberos.service.name"):
+        KafkaSinkOptions.from_options({**BASE, "kafka.sasl.jaas.config": jaas}, SCHEMA)
