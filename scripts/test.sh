@@ -6,4 +6,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export PYSPARK_PYTHON="$(pwd)/.venv/bin/python"
-exec .venv/bin/python -m pytest tests integration -p no:cacheprovider -rs "$@"
+exec .venv/bin/python -m pytest tests integration -p no:cacheprovider -rs --durations=30 "$@"
