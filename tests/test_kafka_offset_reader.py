@@ -1,6 +1,6 @@
 """The Kafka source's driver side (KafkaOffsetReader) against a fake kafka-python consumer (no broker):
 retries of offset queries, partitions whose end went below the recorded start, subscribePattern, timestamps,
-batch ends, minOffsetsPerTrigger."""
+batch ends, minOffsetsPerTrigger; and the Spark reader's read limits."""
 
 from __future__ import annotations
 
@@ -171,3 +171,33 @@ def test_kafka_offset_reader_min_offsets_per_trigger_holds_until_enough_or_the_d
     now[0] += 0.1  # maxTriggerDelay since the last batch
     assert reader.latest_offset({"t": {"0": 8}}, min_rows=5) == {"t": {"0": 9}}
 
+
+def test_kafka_spark_stream_reader_read_limits():
+    """What the Spark reader tells the engine, and what it does with the limit it gets back."""
+    pytest.importorskip("pyspark")
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, ReadMinRows
+    from twophase.sinks.kafka_spark import KafkaStreamReader
+
+    def limit_of(raw: dict) -> Any:
+        return KafkaStreamReader(KafkaSourceOptions.from_options({**SRC, **raw})).getDefaultReadLimit()
+    assert limit_of({}) == ReadAllAvailable()
+    assert limit_of({"maxOffsetsPerTrigger": "10"}) == ReadMaxRows(10)
+    assert limit_of({"minOffsetsPerTrigger": "7"}) == ReadMinRows(7)
+    assert limit_of({"minOffsetsPerTrigger": "7", "maxOffsetsPerTrigger": "10"}) == ReadMaxRows(10)
+
+    seen = []
+
+    class Offsets:
+        def latest_offset(self, start, limit=None, *, cap=None, min_rows=None):
+            seen.append((limit, min_rows, cap))
+            return start
+
+    reader = KafkaStreamReader(KafkaSourceOptions.from_options({**SRC, "minOffsetsPerTrigger": "7",
+                                                                "maxOffsetsPerTrigger": "10"}))
+    reader._source = type("S", (), {"offsets": Offsets(), "close": lambda self: None})()
+    reader.latestOffset({}, ReadMaxRows(10))
+    reader.latestOffset({}, ReadMinRows(3))
+    reader.latestOffset({}, ReadAllAvailable())  # Trigger.Once: everything, no minimum
+    reader._target = {"t": {"0": 4}}  # Trigger.AvailableNow: no minimum (nothing past the target comes)
+    reader.latestOffset({}, ReadMaxRows(10))
+    assert seen == [(10, 7, None), (10, 3, None), (None, None, None), (10, None, {"t": {"0": 4}})]
