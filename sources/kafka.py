@@ -567,7 +567,6 @@ class _RdKafkaPartition:
         #: the last poll reached the end of the partition's log at :attr:`next` (EOF, or an offset past the end)
         self.at_log_end = False
         cfg = options.librdkafka_consumer_config()
-        self._cfg = cfg
         where = f"{topic}-{partition}"
         try:
             self.consumer = Consumer(cfg)
