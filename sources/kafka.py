@@ -466,6 +466,10 @@ class KafkaOffsetReader:
                                          f"subscribed or do not exist: {unknown}")
             given = flatten(spec)
             end = {tp: latest[tp] if given.get(tp, LATEST) == LATEST else given[tp] for tp in tps}
+            past = [f"{t}-{p}: {o} > {latest[(t, p)]}" for (t, p), o in sorted(end.items()) if o > latest[(t, p)]]
+            if past:
+                raise ConfigurationError(f"{SOURCE}: option 'endingOffsets' goes past the latest offset of {past} "
+                                         "(with read_committed, the last stable offset); use -1 for the latest")
         s = flatten(normalize(start))
         below = [f"{t}-{p} ends at {o} before its start {s[(t, p)]}" for (t, p), o in sorted(end.items())
                  if (t, p) in s and o < s[(t, p)]]

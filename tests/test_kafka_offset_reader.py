@@ -151,6 +151,9 @@ def test_kafka_offset_reader_batch_end():
     assert reader.ending_offset({"t": {"0": 0, "1": 0}}) == {"t": {"0": 10, "1": 20}}
     with pytest.raises(ConfigurationError, match=r"t-0 ends at 10 before its start 12"):
         reader.ending_offset({"t": {"0": 12, "1": 0}})
+    past = _reader({"endingOffsets": '{"t": {"0": 31}}'}, consumer, batch=True)
+    with pytest.raises(ConfigurationError, match=r"endingOffsets.*past the latest offset.*t-0: 31 > 30"):
+        past.ending_offset({"t": {"0": 0, "1": 0}})
 
 
 def test_kafka_offset_reader_min_offsets_per_trigger_holds_until_enough_or_the_delay(monkeypatch):
