@@ -8,6 +8,9 @@ Source: ``spark.readStream.format("twophase-kafka").option("subscribe", "t")`` w
 Kafka source — see :mod:`twophase.sources.kafka`. Where each source method runs: ``initialOffset``,
 ``latestOffset`` and ``partitions`` on the driver (a planner Python worker), ``read`` on executors,
 once per split; the offset is the per-topic-partition map and Spark checkpoints it.
+
+Batch: ``spark.read.format("twophase-kafka")`` reads ``[startingOffsets, endingOffsets)`` (default earliest
+to latest) with the same split reader (:class:`KafkaBatchReader`).
 """
 
 from __future__ import annotations
@@ -19,13 +22,14 @@ from twophase._versions import require
 
 require("pyspark", minimum="4.2", what="twophase-kafka's Spark source (pyspark.sql.streaming.datasource)")
 
-from pyspark.sql.datasource import DataSourceStreamReader, InputPartition  # noqa: E402
+from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition  # noqa: E402
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
 from twophase.sinks.kafka import KafkaSink
 from twophase.sources._kafka_offsets import KafkaSplit
-from twophase.sources.kafka import HEADERS_DDL, SPARK_SCHEMA_DDL, KafkaSource, KafkaSourceOptions, KafkaSplitReader
+from twophase.sources.kafka import (HEADERS_DDL, SPARK_SCHEMA_DDL, KafkaOffsetReader, KafkaSource, KafkaSourceOptions,
+                                    KafkaSplitReader)
 from twophase.sinks._spark_types import check_kafka_columns
 from twophase.spark.datasource import TwoPhaseSinkDataSource
 
@@ -46,8 +50,16 @@ class KafkaInputPartition(InputPartition):
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Drives :class:`twophase.sources.kafka.KafkaSource` from Spark (offsets are plain dicts, read is Arrow).
 
-    Trigger.AvailableNow: :meth:`prepareForTriggerAvailableNow` fixes the target offset; later
-    batches respect ``maxOffsetsPerTrigger`` and never go past the target.
+    Admission control: :meth:`getDefaultReadLimit` tells Spark ``ReadMaxRows(maxOffsetsPerTrigger)``, or
+    ``ReadMinRows(minOffsetsPerTrigger)`` when only that is set (PySpark has no composite limit, so the
+    other option of the pair is applied from the options); a ``ReadAllAvailable`` from the engine
+    (Trigger.Once) overrides both, as in Spark's Kafka source. ``minOffsetsPerTrigger`` holds a batch back
+    until that many offsets are available or ``maxTriggerDelay`` has passed since the last batch; the
+    first batch after a (re)start is never held back.
+
+    Trigger.AvailableNow: :meth:`prepareForTriggerAvailableNow` fixes the target offset; later batches
+    respect ``maxOffsetsPerTrigger`` and never go past the target, and ``minOffsetsPerTrigger`` does not
+    apply (nothing past the target would ever come to fill a batch).
     """
 
     def __init__(self, options: KafkaSourceOptions) -> None:
@@ -68,24 +80,31 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self.source.initial_offset()
 
     def latestOffset(self, start: dict = None, limit: Any = None) -> dict:  # type: ignore[override]
-        from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+        from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, ReadMinRows
         if start is None:  # older engines call latestOffset() without arguments
             start = self.source.initial_offset()
-        if isinstance(limit, ReadMaxRows):
+        max_rows, min_rows = self.options.max_offsets_per_trigger, self.options.min_offsets_per_trigger
+        if isinstance(limit, ReadAllAvailable):
+            max_rows = min_rows = None
+        elif isinstance(limit, ReadMaxRows):
             max_rows = limit.max_rows
-        elif isinstance(limit, ReadAllAvailable):
-            max_rows = None
-        else:
-            max_rows = self.options.max_offsets_per_trigger
-        return self.source.offsets.latest_offset(start, max_rows, cap=self._target)
+        elif isinstance(limit, ReadMinRows):
+            min_rows = limit.min_rows
+        if self._target is not None:
+            min_rows = None
+        return self.source.offsets.latest_offset(start, max_rows, cap=self._target, min_rows=min_rows)
 
     def getDefaultReadLimit(self) -> Any:
-        from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
-        n = self.options.max_offsets_per_trigger
-        return ReadMaxRows(n) if n else ReadAllAvailable()
+        from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, ReadMinRows
+        if self.options.max_offsets_per_trigger:
+            return ReadMaxRows(self.options.max_offsets_per_trigger)
+        if self.options.min_offsets_per_trigger:
+            return ReadMinRows(self.options.min_offsets_per_trigger)
+        return ReadAllAvailable()
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
-        return [KafkaInputPartition(s.topic, s.partition, s.start, s.end) for s in KafkaSource.splits_of(start, end)]
+        return [KafkaInputPartition(s.topic, s.partition, s.start, s.end)
+                for s in KafkaSource.splits_of(start, end, self.options.min_partitions)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, KafkaInputPartition)
@@ -97,6 +116,28 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def stop(self) -> None:
         if self._source is not None:
             self._source.close()
+
+
+class KafkaBatchReader(DataSourceReader):
+    """``spark.read.format("twophase-kafka")``: the records of ``[startingOffsets, endingOffsets)``, planned on
+    the driver (:meth:`partitions`, minPartitions applies) and read by the executors' split reader."""
+
+    def __init__(self, options: KafkaSourceOptions) -> None:
+        self.options = options
+
+    def partitions(self) -> Sequence[InputPartition]:
+        offsets = KafkaOffsetReader(self.options)
+        try:
+            start = offsets.initial_offset()
+            end = offsets.ending_offset(start)
+        finally:
+            offsets.close()
+        return [KafkaInputPartition(s.topic, s.partition, s.start, s.end)
+                for s in KafkaSource.splits_of(start, end, self.options.min_partitions)]
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, KafkaInputPartition)
+        yield from KafkaSplitReader(self.options).read(partition.split())
 
 
 class KafkaDataSource(TwoPhaseSinkDataSource):
@@ -121,3 +162,6 @@ class KafkaDataSource(TwoPhaseSinkDataSource):
 
     def streamReader(self, schema: StructType) -> KafkaStreamReader:
         return KafkaStreamReader(KafkaSourceOptions.from_options(dict(self.options)))
+
+    def reader(self, schema: StructType) -> KafkaBatchReader:
+        return KafkaBatchReader(KafkaSourceOptions.from_options(dict(self.options), batch=True))

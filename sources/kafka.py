@@ -1,21 +1,32 @@
 """Replayable Kafka source, usable without Spark (the embedded runtime) and by ``twophase.sinks.kafka_spark``.
 
-- :class:`KafkaSourceOptions`: the options of Spark's Kafka source that apply (subscribe or assign,
-  startingOffsets, maxOffsetsPerTrigger, includeHeaders, kafka.*), validated in one place;
-  ``kafka.isolation.level`` defaults to ``read_committed``.
+- :class:`KafkaSourceOptions`: the options of Spark's Kafka source that apply (subscribe, subscribePattern
+  or assign; startingOffsets, startingTimestamp, startingOffsetsByTimestamp[Strategy], endingOffsets of
+  a batch read; failOnDataLoss, maxOffsetsPerTrigger, minOffsetsPerTrigger, maxTriggerDelay,
+  minPartitions, includeHeaders, kafkaConsumer.pollTimeoutMs, fetchOffset.*, groupIdPrefix, kafka.*),
+  validated in one place; ``kafka.isolation.level`` defaults to ``read_committed``.
 - :class:`KafkaOffsetReader` (driver): partitions, initial offset, the next end offset.
 - :class:`KafkaSplitReader` (executor): the records of one :class:`~twophase.sources._kafka_offsets.KafkaSplit`
   as Arrow record batches with the schema of Spark's Kafka source.
+
+No consumer group is joined and no offset is ever committed: the offsets live in the job's checkpoint.
+``kafka.group.id`` (or ``groupIdPrefix``) only names the consumers to the brokers (ACLs on groups).
 
 Invariants (``test_kafka_source_invN_*``):
 
 1. The end offset of a batch is at most the last stable offset (read_committed) or the high
    watermark (read_uncommitted), so every record in ``[start, end)`` is decided when it is read.
 2. :meth:`KafkaSplitReader.read` yields exactly the data records with offsets in ``[start, end)``,
-   skipping control records and aborted transactions, the same records on every replay.
+   skipping control records and aborted transactions, the same records on every replay; a range cut
+   anywhere (``minPartitions``: a boundary on a control record or an aborted record) yields, split by
+   split, the same records as the whole range.
 3. A range that cannot be read whole (records deleted by retention, a timeout) raises an error;
    it is never silently shortened. (The tests read past the end of a partition, and read a range
    whose first records the broker deleted after it was planned, as retention or DeleteRecords does.)
+   With ``failOnDataLoss=false`` a range whose records were deleted is read from the earliest record
+   left, and the lost offsets are named in a WARNING ``kafka_records_lost`` (topic, partition, range):
+   never silent. The driver treats a partition whose end went below the recorded start the same way
+   (an error naming it, or the warning and a restart from its earliest offset).
 """
 
 from __future__ import annotations
@@ -23,39 +34,36 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import time
+import uuid
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional, TypeVar
 
 import pyarrow as pa
 
 from twophase._kafka import kafka_python_config, librdkafka_config
 from twophase.runtime.sources import Source
-from twophase.sources._kafka_offsets import (KafkaSplit, Offsets, flatten, next_end, normalize, parse_starting_offsets,
-                                    plan_splits, resolve_start)
+from twophase.sources._kafka_offsets import (KafkaSplit, Offsets, StartByTimestamp, choose_start, delay_batch, flatten,
+                                             next_end, normalize, parse_ending_offsets, parse_starting_offsets,
+                                             parse_timestamp, parse_timestamps, plan_splits, regressed, resolve_start,
+                                             resolve_start_by_timestamp, timestamps_to_look_up, unflatten, LATEST,
+                                             TIMESTAMP_STRATEGIES)
 from twophase._logging import get_logger
 from twophase._redact import is_secret_name, redact_text, redact_values, safe_repr
 from twophase.errors import ConfigurationError, DataLossError, MissingDependencyError, TransientSinkError
-from twophase.options import Option, parse_bool, parse_positive_int, parse_options
+from twophase.options import Option, parse_bool, parse_choice, parse_duration_ms, parse_positive_int, parse_options
 
 _log = get_logger(__name__)
 
 SOURCE = "twophase-kafka"
-
-SOURCE_OPTIONS: tuple[Option[Any], ...] = (
-    Option("subscribe", str, help="comma-separated topics to read"),
-    Option("assign", str, help='JSON of topic -> partitions, e.g. {"t": [0, 1]}'),
-    Option("startingOffsets", str, "latest", help="earliest, latest, or JSON {topic: {partition: offset}}"),
-    Option("maxOffsetsPerTrigger", parse_positive_int, help="at most this many offsets per micro-batch"),
-    Option("includeHeaders", parse_bool, False, help="add the headers column (array<struct<key, value>>)"),
-    Option("pollTimeoutMs", parse_positive_int, 120_000, help="give up reading a range after this long"),
-    Option("kafkaClient", lambda v: _parse_client(v), "librdkafka",
-           help="the executors' consumer: 'librdkafka' (confluent-kafka, the default; ~11x faster into Arrow) "
-                "or 'kafka-python'"),
-)
+T = TypeVar("T")
 
 #: option kafkaClient: the library the executors read with (the driver's offset queries use kafka-python)
 CLIENTS = ("librdkafka", "kafka-python")
+DEFAULT_POLL_TIMEOUT_MS = 120_000
+#: Spark's default group id prefix (librdkafka needs a group.id; kafka-python goes without one)
+DEFAULT_GROUP_ID_PREFIX = "spark-kafka-source"
 
 
 def _parse_client(value: str) -> str:
@@ -64,13 +72,62 @@ def _parse_client(value: str) -> str:
         raise ValueError(f"expected one of {', '.join(CLIENTS)}")
     return v
 
+
+def _parse_non_negative_int(value: str) -> int:
+    n = int(str(value).strip())
+    if n < 0:
+        raise ValueError("must be >= 0")
+    return n
+
+
+SOURCE_OPTIONS: tuple[Option[Any], ...] = (
+    Option("subscribe", str, help="comma-separated topics to read"),
+    Option("subscribePattern", str, help="Java regex of the topics to read (matches whole names; __internal "
+                                         "topics excluded); topics created later are read by later batches"),
+    Option("assign", str, help='JSON of topic -> partitions, e.g. {"t": [0, 1]}'),
+    Option("startingOffsets", str, help="earliest, latest (a stream's default; a batch read's is earliest), or "
+                                        "JSON {topic: {partition: offset}} (-2 earliest, -1 latest)"),
+    Option("startingTimestamp", str, help="start every partition at its first record at or after this time "
+                                          "(ms since the epoch); wins over the other starting options"),
+    Option("startingOffsetsByTimestamp", str, help="JSON {topic: {partition: ms}}: a start time per partition; "
+                                                   "wins over startingOffsets"),
+    Option("startingOffsetsByTimestampStrategy", parse_choice(*TIMESTAMP_STRATEGIES), "error",
+           help="a partition with no record at or after its timestamp: error, or latest (its latest offset)"),
+    Option("endingOffsets", str, help="batch reads (spark.read) only: latest (default) or JSON "
+                                      "{topic: {partition: offset}} (-1 latest)"),
+    Option("failOnDataLoss", parse_bool, True,
+           help="true: records deleted before they were read (retention, a recreated topic) fail the query; "
+                "false: skip them with a WARNING kafka_records_lost naming them"),
+    Option("maxOffsetsPerTrigger", parse_positive_int, help="at most this many offsets per micro-batch"),
+    Option("minOffsetsPerTrigger", parse_positive_int,
+           help="wait for at least this many offsets before a micro-batch (at most maxTriggerDelay)"),
+    Option("maxTriggerDelay", parse_duration_ms, 900_000,
+           help="with minOffsetsPerTrigger: the longest a batch waits for them (default 15m)"),
+    Option("minPartitions", parse_positive_int,
+           help="at least this many Spark partitions per batch: larger offset ranges are cut in pieces"),
+    Option("includeHeaders", parse_bool, False, help="add the headers column (array<struct<key, value>>)"),
+    Option("kafkaConsumer.pollTimeoutMs", parse_positive_int,
+           help="give up reading a range after this long (default 120000)"),
+    Option("pollTimeoutMs", parse_positive_int, help="the same as kafkaConsumer.pollTimeoutMs (Spark's name)"),
+    Option("fetchOffset.numRetries", _parse_non_negative_int, 3,
+           help="retries of a driver offset query that failed with a transient error"),
+    Option("fetchOffset.retryIntervalMs", _parse_non_negative_int, 10,
+           help="milliseconds between the retries of a driver offset query"),
+    Option("groupIdPrefix", str, help="prefix of the generated group.id (ignored when kafka.group.id is set)"),
+    Option("kafkaClient", _parse_client, "librdkafka",
+           help="the executors' consumer: 'librdkafka' (confluent-kafka, the default; ~11x faster into Arrow) "
+                "or 'kafka-python'"),
+)
+
 _RESERVED = {
-    "group.id": "the source tracks offsets itself (in Spark's checkpoint); no consumer group is used",
     "enable.auto.commit": "the source tracks offsets itself; no consumer group is used",
     "auto.offset.reset": "use option 'startingOffsets'",
     "key.deserializer": "key and value are returned as binary; cast them in Spark",
     "value.deserializer": "key and value are returned as binary; cast them in Spark",
 }
+
+#: options of a stream only: a batch read (spark.read) ignores them, as Spark does, with a warning
+_STREAM_ONLY = ("maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay")
 
 ARROW_SCHEMA = pa.schema([
     ("key", pa.binary()), ("value", pa.binary()), ("topic", pa.string()), ("partition", pa.int32()),
@@ -87,6 +144,16 @@ def arrow_schema(include_headers: bool) -> pa.Schema:
     return ARROW_SCHEMA.append(HEADERS_FIELD) if include_headers else ARROW_SCHEMA
 
 
+def _topic_pattern(value: str) -> "re.Pattern[str]":
+    """Option subscribePattern as a Python regex (Java's syntax for the common constructs); matched against
+    whole topic names, as Java's ``Pattern.matcher(name).matches()``."""
+    try:
+        return re.compile(value)
+    except re.error as e:
+        raise ConfigurationError(f"{SOURCE}: option 'subscribePattern'={value!r} is not a valid regular expression "
+                                 f"({e}); e.g. 'events-.*' reads every topic whose name starts with 'events-'") from None
+
+
 @safe_repr
 @dataclass(frozen=True)
 class KafkaSourceOptions:
@@ -95,15 +162,34 @@ class KafkaSourceOptions:
     consumer_config: Mapping[str, Any]
     subscribe: tuple[str, ...] = ()
     assign: Optional[Mapping[str, tuple[int, ...]]] = None
+    #: option subscribePattern (a regex matched against whole topic names)
+    subscribe_pattern: Optional[str] = None
+    #: "earliest", "latest", offsets JSON, or :class:`StartByTimestamp` (startingTimestamp, ...ByTimestamp)
     starting_offsets: Any = "latest"
+    #: batch reads only: "latest" or offsets JSON (-1 latest)
+    ending_offsets: Any = "latest"
     max_offsets_per_trigger: Optional[int] = None
+    min_offsets_per_trigger: Optional[int] = None
+    max_trigger_delay_ms: int = 900_000
+    min_partitions: Optional[int] = None
     include_headers: bool = False
-    poll_timeout_ms: int = 120_000
+    poll_timeout_ms: int = DEFAULT_POLL_TIMEOUT_MS
+    fail_on_data_loss: bool = True
+    fetch_offset_retries: int = 3
+    fetch_offset_retry_interval_ms: int = 10
+    #: kafka.group.id, or groupIdPrefix plus a short uuid: given to both clients (None: kafka-python uses none)
+    group_id: Optional[str] = None
+    #: librdkafka's group.id (it needs one): :attr:`group_id`, or ``spark-kafka-source-<short uuid>``
+    librdkafka_group_id: str = DEFAULT_GROUP_ID_PREFIX
     #: the executors' consumer library (option kafkaClient): "librdkafka" or "kafka-python"
     client: str = "librdkafka"
+    #: a batch read (spark.read): startingOffsets defaults to earliest, endingOffsets applies
+    batch: bool = False
 
     @classmethod
-    def from_options(cls, raw: Mapping[str, Any]) -> "KafkaSourceOptions":
+    def from_options(cls, raw: Mapping[str, Any], *, batch: bool = False) -> "KafkaSourceOptions":
+        """Validate Spark's option names (``batch=True`` for ``spark.read``); every problem is a
+        :class:`ConfigurationError` naming the option and the fix."""
         from twophase._versions import require
         require("kafka-python", what=SOURCE)
         try:
@@ -115,7 +201,7 @@ class KafkaSourceOptions:
         given = {str(k).lower() for k in raw}
         if given & sink_only:
             raise ConfigurationError(f"{SOURCE}: option(s) {sorted(given & sink_only)} are for writeStream; "
-                                     "readStream takes subscribe or assign")
+                                     "readStream takes subscribe, subscribePattern or assign")
         o = parse_options(raw, SOURCE_OPTIONS, sink=SOURCE, prefixes=("kafka.",))
         for common in ("sink.id", "guarantee", "log.location", "log.retain"):
             o.pop(common, None)
@@ -127,11 +213,14 @@ class KafkaSourceOptions:
         cfg.setdefault("isolation_level", "read_committed")
         if cfg["isolation_level"] not in ("read_committed", "read_uncommitted"):
             raise ConfigurationError(f"{SOURCE}: kafka.isolation.level must be read_committed or read_uncommitted")
+        group_id, librdkafka_group_id = cls._group_ids(cfg.pop("group_id", None), o["groupIdPrefix"])
         if o["kafkaClient"] == "librdkafka":
             librdkafka_config(cfg, what=SOURCE, consumer=True)  # every setting must have a librdkafka counterpart
-        if bool(o["subscribe"]) == bool(o["assign"]):
-            raise ConfigurationError(f"{SOURCE}: give exactly one of options 'subscribe' (topics) or 'assign' "
-                                     "(JSON topic -> partitions)")
+        chosen = [k for k in ("subscribe", "subscribePattern", "assign") if o[k]]
+        if len(chosen) != 1:
+            raise ConfigurationError(f"{SOURCE}: give exactly one of options 'subscribe' (topics), 'subscribePattern' "
+                                     "(a Java regex of topic names) or 'assign' (JSON topic -> partitions)"
+                                     + (f"; got {chosen}" if chosen else ""))
         assign = None
         if o["assign"]:
             try:
@@ -140,16 +229,81 @@ class KafkaSourceOptions:
             except (ValueError, TypeError, AttributeError):
                 raise ConfigurationError(f"{SOURCE}: option 'assign' must be JSON like {{\"topic\": [0, 1]}}") from None
         subscribe = tuple(t.strip() for t in (o["subscribe"] or "").split(",") if t.strip())
-        return cls(consumer_config=cfg, subscribe=subscribe, assign=assign,
-                   starting_offsets=parse_starting_offsets(o["startingOffsets"]),
-                   max_offsets_per_trigger=o["maxOffsetsPerTrigger"], include_headers=o["includeHeaders"],
-                   poll_timeout_ms=o["pollTimeoutMs"], client=o["kafkaClient"])
+        if o["subscribePattern"]:
+            _topic_pattern(o["subscribePattern"])
+        if not batch and o["endingOffsets"] is not None:
+            raise ConfigurationError(f"{SOURCE}: option 'endingOffsets' is for batch reads (spark.read); a stream "
+                                     "has no end: drop it, or run the stream with trigger(availableNow=True)")
+        if batch:
+            ignored = [k for k in _STREAM_ONLY if k.lower() in given]
+            if ignored:
+                _log.warning("kafka_stream_options_ignored", options=ignored,
+                             reason="a batch read (spark.read) reads [startingOffsets, endingOffsets) at once")
+        starting = parse_starting_offsets(o["startingOffsets"], batch=batch,
+                                          default="earliest" if batch else "latest")
+        start = choose_start(
+            starting,
+            timestamp=parse_timestamp(o["startingTimestamp"]) if o["startingTimestamp"] is not None else None,
+            by_timestamp=(parse_timestamps(o["startingOffsetsByTimestamp"])
+                          if o["startingOffsetsByTimestamp"] is not None else None),
+            strategy=o["startingOffsetsByTimestampStrategy"])
+        return cls(consumer_config=cfg, subscribe=subscribe, assign=assign, subscribe_pattern=o["subscribePattern"],
+                   starting_offsets=start,
+                   ending_offsets=parse_ending_offsets(o["endingOffsets"]) if batch else "latest",
+                   max_offsets_per_trigger=o["maxOffsetsPerTrigger"],
+                   min_offsets_per_trigger=o["minOffsetsPerTrigger"], max_trigger_delay_ms=o["maxTriggerDelay"],
+                   min_partitions=o["minPartitions"], include_headers=o["includeHeaders"],
+                   poll_timeout_ms=cls._poll_timeout(o), fail_on_data_loss=o["failOnDataLoss"],
+                   fetch_offset_retries=o["fetchOffset.numRetries"],
+                   fetch_offset_retry_interval_ms=o["fetchOffset.retryIntervalMs"],
+                   group_id=group_id, librdkafka_group_id=librdkafka_group_id, client=o["kafkaClient"], batch=batch)
+
+    @staticmethod
+    def _poll_timeout(o: Mapping[str, Any]) -> int:
+        spark_name, ours = o["kafkaConsumer.pollTimeoutMs"], o["pollTimeoutMs"]
+        if spark_name is not None and ours is not None and spark_name != ours:
+            raise ConfigurationError(f"{SOURCE}: options 'kafkaConsumer.pollTimeoutMs'={spark_name} and "
+                                     f"'pollTimeoutMs'={ours} disagree; they are the same setting: give one")
+        return spark_name or ours or DEFAULT_POLL_TIMEOUT_MS
+
+    @staticmethod
+    def _group_ids(given: Optional[str], prefix: Optional[str]) -> tuple[Optional[str], str]:
+        """(group id for both clients or None, librdkafka's group id): kafka.group.id wins over groupIdPrefix,
+        as in Spark; a prefix gets a short uuid, so two queries never share a generated id."""
+        if given is not None:
+            if not str(given).strip():
+                raise ConfigurationError(f"{SOURCE}: option 'kafka.group.id' is empty; give a group id, or drop it")
+            if prefix:
+                _log.info("kafka_group_id_prefix_ignored", group_id=given, groupIdPrefix=prefix)
+            return str(given).strip(), str(given).strip()
+        suffix = uuid.uuid4().hex[:8]
+        if prefix:
+            gid = f"{prefix.strip()}-{suffix}"
+            return gid, gid
+        return None, f"{DEFAULT_GROUP_ID_PREFIX}-{suffix}"
 
     def connection_config(self) -> dict[str, Any]:
+        """kafka-python consumer settings: no auto commit; group_id only when one was given (it names the
+        consumer to the brokers; the source never joins the group nor commits to it)."""
         cfg = dict(self.consumer_config)
-        cfg.update(enable_auto_commit=False, group_id=None)
+        cfg.update(enable_auto_commit=False, group_id=self.group_id)
         cfg.setdefault("bootstrap_timeout_ms", 15_000)
         return cfg
+
+    def reader_config(self) -> dict[str, Any]:
+        """kafka-python settings of an executor reader: an offset out of range raises (never a silent jump)."""
+        cfg = self.connection_config()
+        cfg.setdefault("max_partition_fetch_bytes", 8 << 20)
+        cfg.setdefault("fetch_max_bytes", 64 << 20)
+        cfg["auto_offset_reset"] = "none"
+        return cfg
+
+    def librdkafka_consumer_config(self) -> dict[str, Any]:
+        """librdkafka consumer properties of an executor reader (see :class:`_RdKafkaPartition`)."""
+        return {**RDKAFKA_CONSUMER_DEFAULTS, **librdkafka_config(self.consumer_config, what=SOURCE, consumer=True),
+                "group.id": self.librdkafka_group_id, "enable.auto.commit": False,
+                "enable.auto.offset.store": False, "enable.partition.eof": True, "auto.offset.reset": "error",
+                "logger": logging.getLogger(LIBRDKAFKA_LOGGER)}
 
 
 def _consumer(cfg: Mapping[str, Any]) -> Any:
@@ -162,12 +316,37 @@ def _consumer(cfg: Mapping[str, Any]) -> Any:
                                  f"{cfg.get('bootstrap_servers')!r}; check the address") from e
 
 
+def _transient(e: BaseException) -> bool:
+    """A kafka-python error worth retrying (a timeout, a lost connection, a leader moving)."""
+    import kafka.errors as Errors
+    kinds = tuple(k for k in (getattr(Errors, n, None) for n in ("NoBrokersAvailable", "KafkaConnectionError",
+                                                                   "KafkaTimeoutError")) if k is not None)
+    if isinstance(e, kinds):
+        return True
+    return isinstance(e, Errors.KafkaError) and bool(getattr(e, "retriable", False))
+
+
+def records_lost(topic: str, partition: int, reason: str, **fields: Any) -> None:
+    """The WARNING of ``failOnDataLoss=false``, never silent: records of a partition are skipped. An
+    executor names the lost range (``lost_start``, ``lost_end``: ``[lost_start, lost_end)``); the driver
+    a partition it restarts (``recorded_start``, ``end_now``, ``restart_at``)."""
+    _log.warning("kafka_records_lost", topic=topic, partition=partition, **fields, reason=reason,
+                 option="failOnDataLoss=false")
+
+
 class KafkaOffsetReader:
-    """Driver side: which partitions, where to start, how far the next batch goes (invariant 1)."""
+    """Driver side: which partitions, where to start, how far the next batch goes (invariant 1).
+
+    Every query goes through :meth:`_call`, which retries transient errors ``fetchOffset.numRetries``
+    times, ``fetchOffset.retryIntervalMs`` apart.
+    """
 
     def __init__(self, options: KafkaSourceOptions) -> None:
         self.options = options
         self._consumer: Any = None
+        self._hw_consumer: Any = None
+        #: monotonic time of the last batch with data (minOffsetsPerTrigger); None: none yet, the first is not held
+        self._last_batch: Optional[float] = None
 
     @property
     def consumer(self) -> Any:
@@ -176,53 +355,185 @@ class KafkaOffsetReader:
         return self._consumer
 
     def close(self) -> None:
-        if self._consumer is not None:
-            with contextlib.suppress(Exception):
-                self._consumer.close()
-            self._consumer = None
+        for c in (self._consumer, self._hw_consumer):
+            if c is not None:
+                with contextlib.suppress(Exception):
+                    c.close()
+        self._consumer = self._hw_consumer = None
+
+    def _call(self, what: str, fn: Callable[[Any], T], *, consumer: Optional[Callable[[], Any]] = None) -> T:
+        """``fn(consumer)``, retried on transient errors (options fetchOffset.numRetries, fetchOffset.retryIntervalMs)."""
+        attempts = self.options.fetch_offset_retries + 1
+        for attempt in range(1, attempts + 1):
+            try:
+                return fn(consumer() if consumer is not None else self.consumer)
+            except Exception as e:
+                if not _transient(e):
+                    raise
+                error = redact_text(f"{type(e).__name__}: {e}")
+                if attempt == attempts:
+                    raise TransientSinkError(
+                        f"{SOURCE}: {what} failed {attempts} time(s) (fetchOffset.numRetries="
+                        f"{self.options.fetch_offset_retries}, fetchOffset.retryIntervalMs="
+                        f"{self.options.fetch_offset_retry_interval_ms}): {error}; check the brokers, or raise "
+                        "those options if they are slow to answer") from e
+                _log.warning("kafka_offset_fetch_retry", what=what, attempt=attempt, attempts=attempts, error=error)
+                time.sleep(self.options.fetch_offset_retry_interval_ms / 1000)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def topic_partitions(self) -> list[tuple[str, int]]:
-        """The partitions read: the assigned ones, or every partition of the subscribed topics."""
+        """The partitions read: the assigned ones, every partition of the subscribed topics, or of the topics
+        whose whole name matches subscribePattern now (internal ``__`` topics excluded; none is fine: a
+        topic created later is read from its first offset by a later batch)."""
         if self.options.assign is not None:
             return [(t, p) for t, ps in sorted(self.options.assign.items()) for p in ps]
         out = []
+        if self.options.subscribe_pattern is not None:
+            pattern = _topic_pattern(self.options.subscribe_pattern)
+            topics = self._call("listing topics", lambda c: c.topics())
+            for topic in sorted(t for t in topics if not t.startswith("__") and pattern.fullmatch(t)):
+                parts = self._call(f"partitions of {topic}", lambda c: c.partitions_for_topic(topic))
+                out.extend((topic, p) for p in sorted(parts or ()))
+            return out
         deadline = time.monotonic() + 30
         for topic in self.options.subscribe:
-            parts = self.consumer.partitions_for_topic(topic)
+            parts = self._call(f"partitions of {topic}", lambda c: c.partitions_for_topic(topic))
             while not parts and time.monotonic() < deadline:
                 time.sleep(0.2)
-                parts = self.consumer.partitions_for_topic(topic)
+                parts = self._call(f"partitions of {topic}", lambda c: c.partitions_for_topic(topic))
             if not parts:
                 raise ConfigurationError(f"{SOURCE}: subscribed topic {topic!r} does not exist")
             out.extend((topic, p) for p in sorted(parts))
         return out
 
     def _offsets(self, which: str, tps: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """Earliest or latest (last stable offset with read_committed) offsets of ``tps``."""
+        if not tps:
+            return {}
         from kafka import TopicPartition
         parts = [TopicPartition(t, p) for t, p in tps]
-        got = (self.consumer.beginning_offsets(parts) if which == "earliest" else self.consumer.end_offsets(parts))
+        got = self._call(f"{which} offsets of {len(parts)} partition(s)",
+                         lambda c: c.beginning_offsets(parts) if which == "earliest" else c.end_offsets(parts))
+        return {(tp.topic, tp.partition): int(o) for tp, o in got.items()}
+
+    def _high_watermarks(self, tps: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """The high watermarks (read_uncommitted ends) of ``tps``: past the last stable offset, the offsets
+        that exist (an open transaction's records are between the two)."""
+        from kafka import TopicPartition
+
+        def hw_consumer() -> Any:
+            if self._hw_consumer is None:
+                self._hw_consumer = _consumer({**self.options.connection_config(),
+                                               "isolation_level": "read_uncommitted"})
+            return self._hw_consumer
+        parts = [TopicPartition(t, p) for t, p in tps]
+        got = self._call(f"high watermarks of {len(parts)} partition(s)", lambda c: c.end_offsets(parts),
+                         consumer=hw_consumer)
         return {(tp.topic, tp.partition): int(o) for tp, o in got.items()}
 
     def available(self) -> Offsets:
         """The last stable offset (read_committed) or high watermark of every partition."""
-        tps = self.topic_partitions()
-        from twophase.sources._kafka_offsets import unflatten
-        return unflatten(self._offsets("latest", tps))
+        return unflatten(self._offsets("latest", self.topic_partitions()))
 
     def initial_offset(self) -> Offsets:
         tps = self.topic_partitions()
-        return resolve_start(self.options.starting_offsets, tps, self._offsets("earliest", tps),
-                             self._offsets("latest", tps))
+        spec = self.options.starting_offsets
+        if isinstance(spec, StartByTimestamp):
+            return self._start_by_timestamp(spec, tps)
+        return resolve_start(spec, tps, self._offsets("earliest", tps), self._offsets("latest", tps))
+
+    def _start_by_timestamp(self, spec: StartByTimestamp, tps: list[tuple[str, int]]) -> Offsets:
+        from kafka import TopicPartition
+        timestamps = timestamps_to_look_up(spec, tps)
+        query = {TopicPartition(t, p): ms for (t, p), ms in timestamps.items()}
+        got = self._call(f"offsets for the times of {spec.option}", lambda c: c.offsets_for_times(query)) if query else {}
+        found = {(tp.topic, tp.partition): (None if ot is None else int(ot.offset)) for tp, ot in got.items()}
+        latest = self._offsets("latest", tps) if spec.strategy == "latest" else {}
+        return resolve_start_by_timestamp(spec, timestamps, found, latest)
+
+    def ending_offset(self, start: Mapping[str, Mapping[str, int]]) -> Offsets:
+        """The end of a batch read (option endingOffsets): the latest offsets, or the JSON's (-1 latest;
+        a partition the JSON leaves out ends at its latest offset). An end below the start is an error."""
+        tps = self.topic_partitions()
+        latest = self._offsets("latest", tps)
+        spec = self.options.ending_offsets
+        if spec == "latest":
+            end = latest
+        else:
+            unknown = [f"{t}-{p}" for t, parts in spec.items() for p in parts if (t, int(p)) not in set(tps)]
+            if unknown:
+                raise ConfigurationError(f"{SOURCE}: option 'endingOffsets' names partitions that are not "
+                                         f"subscribed or do not exist: {unknown}")
+            given = flatten(spec)
+            end = {tp: latest[tp] if given.get(tp, LATEST) == LATEST else given[tp] for tp in tps}
+            past = [f"{t}-{p}: {o} > {latest[(t, p)]}" for (t, p), o in sorted(end.items()) if o > latest[(t, p)]]
+            if past:
+                raise ConfigurationError(f"{SOURCE}: option 'endingOffsets' goes past the latest offset of {past} "
+                                         "(with read_committed, the last stable offset); use -1 for the latest")
+        s = flatten(normalize(start))
+        below = [f"{t}-{p} ends at {o} before its start {s[(t, p)]}" for (t, p), o in sorted(end.items())
+                 if (t, p) in s and o < s[(t, p)]]
+        if below:
+            raise ConfigurationError(f"{SOURCE}: the batch read's end is before its start: {below}; check "
+                                     "startingOffsets and endingOffsets (or the topic was recreated)")
+        return unflatten(end)
 
     def latest_offset(self, start: Mapping[str, Mapping[str, int]], limit: Optional[int] = None,
-                      *, cap: Optional[Mapping[str, Mapping[str, int]]] = None) -> Offsets:
-        """The end of the next batch from ``start``: everything available (up to ``cap``), at most ``limit`` offsets."""
+                      *, cap: Optional[Mapping[str, Mapping[str, int]]] = None,
+                      min_rows: Optional[int] = None) -> Offsets:
+        """The end of the next batch from ``start``: everything available (up to ``cap``), at most ``limit``
+        offsets; ``start`` itself while fewer than ``min_rows`` are available and maxTriggerDelay has not
+        passed since the last batch (:func:`delay_batch`). A partition whose end went below its start:
+        :meth:`_lost_partitions`."""
+        start = normalize(start)
         available = self.available() if cap is None else normalize(cap)
-        return next_end(normalize(start), available, limit)
+        resets = self._lost_partitions(start, available, refetch=cap is None)
+        for (t, p) in resets:  # no range of these partitions in this batch: their end moves to the earliest offset
+            available[t][str(p)] = start[t][str(p)]
+        now = time.monotonic()
+        since = float("inf") if self._last_batch is None else (now - self._last_batch) * 1000
+        if not resets and delay_batch(start, available, min_rows, since, self.options.max_trigger_delay_ms):
+            return start
+        end = next_end(start, available, limit)
+        for (t, p), earliest in resets.items():
+            end[t][str(p)] = earliest
+        if end != start:
+            self._last_batch = now
+        return end
+
+    def _lost_partitions(self, start: Offsets, available: Offsets, *, refetch: bool) -> dict[tuple[str, int], int]:
+        """Partitions whose end went below the recorded start, confirmed (re-fetched fetchOffset.numRetries
+        times against a stale answer, then against the high watermark, since an open transaction keeps the
+        last stable offset below offsets that exist): failOnDataLoss=true raises DataLossError naming them;
+        false logs ``kafka_records_lost`` and returns ``{partition: earliest offset}`` to restart them from."""
+        suspect = regressed(start, available)
+        for _ in range(self.options.fetch_offset_retries if (suspect and refetch) else 0):
+            time.sleep(self.options.fetch_offset_retry_interval_ms / 1000)
+            suspect = regressed(start, self.available())
+            if not suspect:
+                return {}
+        if not suspect:
+            return {}
+        hw = self._high_watermarks(list(suspect))
+        lost = {tp: (s, hw.get(tp, a)) for tp, (s, a) in suspect.items() if hw.get(tp, a) < s}
+        if not lost:
+            return {}
+        named = ", ".join(f"{t}-{p} (recorded start {s}, end now {e})" for (t, p), (s, e) in lost.items())
+        why = "the topic was deleted and recreated, or its log truncated"
+        if self.options.fail_on_data_loss:
+            raise DataLossError(f"{SOURCE}: partition(s) {named}: the end offset went below the offset this query "
+                                f"had reached ({why}); records may have been missed. Set failOnDataLoss=false to "
+                                "restart such partitions from their earliest offset instead")
+        earliest = self._offsets("earliest", list(lost))
+        for (t, p), (s, e) in lost.items():
+            records_lost(t, p, f"the end offset went below the recorded start ({why}); the partition is read again "
+                         "from its earliest offset", recorded_start=s, end_now=e, restart_at=earliest[(t, p)])
+        return earliest
 
     @staticmethod
-    def splits(start: Mapping[str, Mapping[str, int]], end: Mapping[str, Mapping[str, int]]) -> list[KafkaSplit]:
-        return plan_splits(normalize(start), normalize(end))
+    def splits(start: Mapping[str, Mapping[str, int]], end: Mapping[str, Mapping[str, int]],
+               min_partitions: Optional[int] = None) -> list[KafkaSplit]:
+        return plan_splits(normalize(start), normalize(end), min_partitions)
 
 
 #: librdkafka consumer defaults of the source (a ``kafka.*`` option overrides any of them)
@@ -233,48 +544,73 @@ LIBRDKAFKA_LOGGER = "twophase.sources.kafka.librdkafka"
 
 class _RdKafkaPartition:
     """One topic-partition read from ``start`` by a librdkafka consumer: assigned, no group membership, no
-    offset commits (the offsets live in the job's checkpoint).
+    offset commits (the offsets live in the job's checkpoint); its group.id is the options'
+    (``kafka.group.id``, or generated).
 
     read_committed (the default) makes librdkafka drop aborted records and control records and report the
     end of the partition (``_PARTITION_EOF``) at the last stable offset. :attr:`next` is the offset after
     the last record returned, or the end-of-partition offset where that is higher (past control records and
     aborted data at the end), so reading again from :attr:`next` yields the records that follow, and a
     replay from the same start yields the same records (invariant 2). ``auto.offset.reset=error``: a start
-    below the earliest retained record is a :class:`DataLossError`, never a silent jump (invariant 3).
+    below the earliest retained record is a :class:`DataLossError`, never a silent jump (invariant 3);
+    with ``failOnDataLoss=false`` the read goes on from the earliest record, with a ``kafka_records_lost``
+    warning naming the skipped offsets.
     """
 
-    def __init__(self, options: KafkaSourceOptions, topic: str, partition: int, start: int) -> None:
+    def __init__(self, options: KafkaSourceOptions, topic: str, partition: int, start: int,
+                 end: Optional[int] = None) -> None:
         from twophase._versions import require
         require("confluent-kafka", what=f"{SOURCE}'s default reader (or set option kafkaClient=kafka-python)")
         try:
-            from confluent_kafka import Consumer, KafkaException, TopicPartition
+            from confluent_kafka import Consumer, KafkaException
         except ImportError as e:
             raise MissingDependencyError(f"{SOURCE}'s default reader needs confluent-kafka: pip install "
                                          "'twophase[kafka]' (or set option kafkaClient=kafka-python)") from e
-        self.topic, self.partition, self.next = topic, partition, start
-        cfg = {**RDKAFKA_CONSUMER_DEFAULTS, **librdkafka_config(options.consumer_config, what=SOURCE, consumer=True),
-               "group.id": "twophase-source", "enable.auto.commit": False, "enable.auto.offset.store": False,
-               "enable.partition.eof": True, "auto.offset.reset": "error",
-               "logger": logging.getLogger(LIBRDKAFKA_LOGGER)}
+        self.options = options
+        self.topic, self.partition, self.next, self.end = topic, partition, start, end
+        #: the last poll reached the end of the partition's log at :attr:`next` (EOF, or an offset past the end)
+        self.at_log_end = False
+        cfg = options.librdkafka_consumer_config()
         where = f"{topic}-{partition}"
         try:
             self.consumer = Consumer(cfg)
         except Exception as e:
             raise ConfigurationError(f"{SOURCE}: cannot create a consumer for {where}: {type(e).__name__}: "
                                      f"{_shown(e, cfg)}") from e
-        timeout = options.consumer_config.get("bootstrap_timeout_ms", 15_000) / 1000
         try:
-            low, _high = self.consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout,
-                                                             cached=False)
+            low, _high = self.watermarks()
         except KafkaException as e:
             self.close()
             raise TransientSinkError(f"{SOURCE}: no earliest offset of {where} from kafka.bootstrap.servers="
-                                     f"{cfg.get('bootstrap.servers')!r} within {timeout:g} s: {_shown(e, cfg)}") from e
+                                     f"{cfg.get('bootstrap.servers')!r} within {self._timeout():g} s: "
+                                     f"{_shown(e, cfg)}") from e
         if low > start:
-            self.close()
-            raise DataLossError(f"{SOURCE}: records {where} [{start}, {low}) were deleted (retention) before "
-                                "they were read")
-        self.consumer.assign([TopicPartition(topic, partition, start)])
+            if options.fail_on_data_loss:
+                self.close()
+                raise DataLossError(f"{SOURCE}: records {where} [{start}, {low}) were deleted (retention) before "
+                                    "they were read (set failOnDataLoss=false to skip them with a warning)")
+            self._skip_to(low, "deleted (retention, DeleteRecords) before they were read")
+        self._assign(self.next)
+
+    def _timeout(self) -> float:
+        return self.options.consumer_config.get("bootstrap_timeout_ms", 15_000) / 1000
+
+    def watermarks(self) -> tuple[int, int]:
+        """(earliest offset, high watermark) of the partition, asked of the broker (not cached)."""
+        from confluent_kafka import TopicPartition
+        low, high = self.consumer.get_watermark_offsets(TopicPartition(self.topic, self.partition),
+                                                        timeout=self._timeout(), cached=False)
+        return int(low), int(high)
+
+    def _assign(self, offset: int) -> None:
+        from confluent_kafka import TopicPartition
+        self.consumer.assign([TopicPartition(self.topic, self.partition, offset)])
+
+    def _skip_to(self, low: int, why: str) -> None:
+        """failOnDataLoss=false: go on from ``low``, the earliest record left; the skipped offsets are named."""
+        stop = low if self.end is None else min(low, self.end)
+        records_lost(self.topic, self.partition, why, lost_start=self.next, lost_end=stop)
+        self.next = low
 
     def poll(self, max_records: int, timeout: float) -> list[Any]:
         """Up to ``max_records`` data records (librdkafka ``Message``), in offset order; advances :attr:`next`."""
@@ -284,13 +620,19 @@ class _RdKafkaPartition:
             err = m.error()
             if err is None:
                 out.append(m)
+                self.at_log_end = False
                 continue
             code = err.code()
-            if code == KafkaError._PARTITION_EOF:
+            if code == KafkaError._PARTITION_EOF:  # after every record before it, in order
                 self.next = max(self.next, m.offset())
+                self.at_log_end = True
             elif code in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
-                raise DataLossError(f"{SOURCE}: offset {self.next} of {self.topic}-{self.partition} is out of "
-                                    f"range (records deleted by retention, or the topic recreated): {err.str()}")
+                if self.options.fail_on_data_loss:
+                    raise DataLossError(f"{SOURCE}: offset {self.next} of {self.topic}-{self.partition} is out of "
+                                        f"range (records deleted by retention, or the topic recreated): {err.str()} "
+                                        "(set failOnDataLoss=false to skip them with a warning)")
+                self._out_of_range()
+                return out
             elif err.fatal() or not err.retriable():
                 raise TransientSinkError(f"{SOURCE}: reading {self.topic}-{self.partition} at {self.next}: {err.str()}")
             else:
@@ -298,6 +640,26 @@ class _RdKafkaPartition:
         if out:
             self.next = max(self.next, out[-1].offset() + 1)
         return out
+
+    def _out_of_range(self) -> None:
+        """failOnDataLoss=false, :attr:`next` out of range: below the earliest record (deleted while reading)
+        -> go on from there; past the end of the log (recreated, truncated) -> :attr:`at_log_end`."""
+        low, _high = self.watermarks()
+        if self.next < low:
+            self._skip_to(low, "deleted (retention, DeleteRecords) while they were read")
+            self._assign(self.next)
+        elif self.end is None:  # an unbounded runtime split: the partition starts over
+            records_lost(self.topic, self.partition, _PAST_THE_END + "; the partition is read again from its "
+                         "earliest offset", recorded_start=self.next, restart_at=low)
+            self.next = low
+            self._assign(low)
+        else:
+            self.at_log_end = True
+
+    def log_ends_before(self, end: int) -> bool:
+        """At the end of the log below ``end``, and the broker's high watermark confirms offsets up to ``end``
+        no longer exist (the topic was recreated, or its log truncated)."""
+        return self.at_log_end and self.next < end and self.watermarks()[1] < end
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -326,6 +688,9 @@ def _arrow_batch(msgs: list[Any], topic: str, partition: int, schema: pa.Schema)
     return pa.RecordBatch.from_pydict(cols, schema=schema)
 
 
+_PAST_THE_END = "past the end of the partition's log (the topic was deleted and recreated, or its log truncated)"
+
+
 class KafkaSplitReader:
     """Executor side: the records of one split as Arrow batches (invariants 2, 3), with librdkafka
     (option ``kafkaClient``, the default) or kafka-python."""
@@ -343,47 +708,65 @@ class KafkaSplitReader:
 
     def _stopped(self, split: KafkaSplit, at: int) -> TransientSinkError:
         return TransientSinkError(f"{SOURCE}: reading {split.topic}-{split.partition} [{split.start}, {split.end}) "
-                                  f"stopped at {at} after pollTimeoutMs={self.options.poll_timeout_ms}")
+                                  f"stopped at {at} after kafkaConsumer.pollTimeoutMs={self.options.poll_timeout_ms}")
 
     def _read_librdkafka(self, split: KafkaSplit) -> Iterator[pa.RecordBatch]:
         schema = arrow_schema(self.options.include_headers)
-        part = _RdKafkaPartition(self.options, split.topic, split.partition, split.start)
+        part = _RdKafkaPartition(self.options, split.topic, split.partition, split.start, split.end)
         try:
             deadline = time.monotonic() + self.options.poll_timeout_ms / 1000
             while part.next < split.end:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise self._stopped(split, part.next)
-                msgs = part.poll(self.batch_rows, min(1.0, left))
+                # no more records than offsets left: a short split returns once they are in, not after the timeout
+                msgs = part.poll(min(self.batch_rows, split.end - part.next), min(1.0, left))
                 if msgs and msgs[-1].offset() >= split.end:  # past the range: it is whole
                     msgs = [m for m in msgs if m.offset() < split.end]
                 if msgs:
                     yield _arrow_batch(msgs, split.topic, split.partition, schema)
+                elif not self.options.fail_on_data_loss and part.log_ends_before(split.end):
+                    records_lost(split.topic, split.partition, _PAST_THE_END, lost_start=part.next,
+                                 lost_end=split.end)
+                    break
         finally:
             part.close()
 
     def _read_kafka_python(self, split: KafkaSplit) -> Iterator[pa.RecordBatch]:
         from kafka import TopicPartition
-        cfg = self.options.connection_config()
-        cfg.setdefault("max_partition_fetch_bytes", 8 << 20)
-        cfg.setdefault("fetch_max_bytes", 64 << 20)
-        consumer = _consumer(cfg)
+        import kafka.errors as Errors
+        consumer = _consumer(self.options.reader_config())
         tp = TopicPartition(split.topic, split.partition)
         schema = arrow_schema(self.options.include_headers)
+        where = f"{split.topic}-{split.partition}"
         try:
             consumer.assign([tp])
+            start = split.start
             earliest = consumer.beginning_offsets([tp])[tp]
-            if earliest > split.start:
-                raise DataLossError(f"{SOURCE}: records {split.topic}-{split.partition} [{split.start}, {earliest}) "
-                                    "were deleted (retention) before this batch read them")
-            consumer.seek(tp, split.start)
+            if earliest > start:
+                if self.options.fail_on_data_loss:
+                    raise DataLossError(f"{SOURCE}: records {where} [{start}, {earliest}) were deleted (retention) "
+                                        "before this batch read them (set failOnDataLoss=false to skip them with a "
+                                        "warning)")
+                records_lost(split.topic, split.partition, "deleted (retention, DeleteRecords) before they were read",
+                             lost_start=start, lost_end=min(earliest, split.end))
+                start = earliest
+                if start >= split.end:
+                    return
+            consumer.seek(tp, start)
             rows: dict[str, list[Any]] = {f.name: [] for f in schema}
             deadline = time.monotonic() + self.options.poll_timeout_ms / 1000
             while consumer.position(tp) < split.end:
                 if time.monotonic() > deadline:
                     raise self._stopped(split, consumer.position(tp))
-                polled = consumer.poll(timeout_ms=1000, max_records=self.batch_rows)
-                for record in polled.get(tp, ()):
+                try:
+                    polled = consumer.poll(timeout_ms=1000, max_records=self.batch_rows)
+                except Errors.OffsetOutOfRangeError:
+                    if not self._out_of_range(consumer, tp, split):
+                        break
+                    continue
+                records = polled.get(tp, ())
+                for record in records:
                     if record.offset >= split.end:
                         break
                     self._append(rows, record)
@@ -392,11 +775,34 @@ class KafkaSplitReader:
                     rows = {f.name: [] for f in schema}
                 if rows["offset"] and rows["offset"][-1] >= split.end - 1:
                     break
+                if not records and not self.options.fail_on_data_loss:
+                    at = consumer.position(tp)
+                    log_end = consumer.end_offsets([tp])[tp]
+                    if at >= log_end and log_end < split.end:
+                        records_lost(split.topic, split.partition, _PAST_THE_END, lost_start=at, lost_end=split.end)
+                        break
             if rows["offset"]:
                 yield pa.RecordBatch.from_pydict(rows, schema=schema)
         finally:
             with contextlib.suppress(Exception):
                 consumer.close()
+
+    def _out_of_range(self, consumer: Any, tp: Any, split: KafkaSplit) -> bool:
+        """The fetch position went out of range while reading: DataLossError (failOnDataLoss=true), or go on
+        from the earliest record (True) / stop at the end of a log that ends before the split (False)."""
+        at = consumer.position(tp)
+        where = f"{split.topic}-{split.partition}"
+        if self.options.fail_on_data_loss:
+            raise DataLossError(f"{SOURCE}: offset {at} of {where} is out of range (records deleted by retention, or "
+                                "the topic recreated) (set failOnDataLoss=false to skip them with a warning)")
+        earliest = consumer.beginning_offsets([tp])[tp]
+        if at < earliest:
+            records_lost(split.topic, split.partition, "deleted (retention, DeleteRecords) while they were read",
+                         lost_start=at, lost_end=min(earliest, split.end))
+            consumer.seek(tp, earliest)
+            return True
+        records_lost(split.topic, split.partition, _PAST_THE_END, lost_start=at, lost_end=split.end)
+        return False
 
     def _append(self, rows: dict[str, list[Any]], record: Any) -> None:
         rows["key"].append(record.key)
@@ -429,12 +835,14 @@ class KafkaSource:
         return self.offsets.latest_offset(start, lim)
 
     def splits(self, start: Mapping[str, Mapping[str, int]], end: Mapping[str, Mapping[str, int]]) -> list[KafkaSplit]:
-        return self.offsets.splits(start, end)
+        """The splits of ``[start, end)`` (option minPartitions applies)."""
+        return self.splits_of(start, end, self.options.min_partitions)
 
     @staticmethod
-    def splits_of(start: Mapping[str, Mapping[str, int]], end: Mapping[str, Mapping[str, int]]) -> list[KafkaSplit]:
+    def splits_of(start: Mapping[str, Mapping[str, int]], end: Mapping[str, Mapping[str, int]],
+                  min_partitions: Optional[int] = None) -> list[KafkaSplit]:
         """The splits of ``[start, end)`` (no connection needed; the same on every replay)."""
-        return plan_splits(normalize(start), normalize(end))
+        return plan_splits(normalize(start), normalize(end), min_partitions)
 
     def reader(self) -> KafkaSplitReader:
         return KafkaSplitReader(self.options)
@@ -457,28 +865,33 @@ class _KafkaPartitionReader:
     def __init__(self, options: KafkaSourceOptions, topic: str, partition: int, start: int,
                  end: Optional[int]) -> None:
         from kafka import TopicPartition
+        self.options = options
         self.tp = TopicPartition(topic, partition)
         self.end = end
-        self.consumer = _consumer(self.options_config(options))
+        self.consumer = _consumer(options.reader_config())
         self.consumer.assign([self.tp])
         earliest = self.consumer.beginning_offsets([self.tp])[self.tp]
         if earliest > start:
-            raise DataLossError(f"{SOURCE}: records {topic}-{partition} [{start}, {earliest}) were deleted "
-                                "(retention) before the job read them")
+            if options.fail_on_data_loss:
+                raise DataLossError(f"{SOURCE}: records {topic}-{partition} [{start}, {earliest}) were deleted "
+                                    "(retention) before the job read them (set failOnDataLoss=false to skip them "
+                                    "with a warning)")
+            records_lost(topic, partition, "deleted (retention, DeleteRecords) before they were read",
+                         lost_start=start, lost_end=earliest if end is None else min(earliest, end))
+            start = earliest
         self.consumer.seek(self.tp, start)
         self.pos = start
 
-    @staticmethod
-    def options_config(options: KafkaSourceOptions) -> dict[str, Any]:
-        cfg = options.connection_config()
-        cfg.setdefault("max_partition_fetch_bytes", 8 << 20)
-        return cfg
-
     def read(self, max_records: int) -> Any:
         from twophase.runtime.sources import ReadResult
+        import kafka.errors as Errors
         if self.end is not None and self.pos >= self.end:
             return ReadResult([], True)
-        records = self.consumer.poll(timeout_ms=100, max_records=max_records).get(self.tp, [])
+        try:
+            records = self.consumer.poll(timeout_ms=100, max_records=max_records).get(self.tp, [])
+        except Errors.OffsetOutOfRangeError:
+            self._out_of_range()
+            return ReadResult([], False)
         out = []
         for r in records:
             if self.end is not None and r.offset >= self.end:
@@ -492,6 +905,24 @@ class _KafkaPartitionReader:
         if self.end is not None:
             self.pos = min(self.pos, self.end)
         return ReadResult(out, self.end is not None and self.pos >= self.end)
+
+    def _out_of_range(self) -> None:
+        """The position went out of range (records deleted while the job read them, or the topic recreated):
+        DataLossError, or with failOnDataLoss=false a warning and the earliest record left."""
+        where = f"{self.tp.topic}-{self.tp.partition}"
+        if self.options.fail_on_data_loss:
+            raise DataLossError(f"{SOURCE}: offset {self.pos} of {where} is out of range (records deleted by "
+                                "retention, or the topic recreated) (set failOnDataLoss=false to skip them with a "
+                                "warning)")
+        earliest = self.consumer.beginning_offsets([self.tp])[self.tp]
+        if earliest > self.pos:
+            records_lost(self.tp.topic, self.tp.partition, "deleted (retention, DeleteRecords) while they were read",
+                         lost_start=self.pos, lost_end=earliest)
+        else:
+            records_lost(self.tp.topic, self.tp.partition, _PAST_THE_END + "; the partition is read again from its "
+                         "earliest offset", recorded_start=self.pos, restart_at=earliest)
+        self.consumer.seek(self.tp, earliest)
+        self.pos = earliest
 
     def position(self) -> int:
         return self.pos
@@ -508,7 +939,7 @@ class _RdKafkaPartitionReader:
     def __init__(self, options: KafkaSourceOptions, topic: str, partition: int, start: int,
                  end: Optional[int]) -> None:
         self.end = end
-        self.part = _RdKafkaPartition(options, topic, partition, start)
+        self.part = _RdKafkaPartition(options, topic, partition, start, end)
 
     def read(self, max_records: int) -> Any:
         from twophase.runtime.sources import ReadResult
@@ -517,6 +948,11 @@ class _RdKafkaPartitionReader:
         msgs = self.part.poll(max_records, 0.1)
         if self.end is not None and msgs and msgs[-1].offset() >= self.end:
             msgs = [m for m in msgs if m.offset() < self.end]
+        if (not msgs and self.end is not None and not self.part.options.fail_on_data_loss
+                and self.part.log_ends_before(self.end)):
+            records_lost(self.part.topic, self.part.partition, _PAST_THE_END, lost_start=self.part.next,
+                         lost_end=self.end)
+            self.part.next = self.end
         out = [{"key": m.key(), "value": m.value(), "topic": m.topic(), "partition": m.partition(),
                 "offset": m.offset(), "timestamp": m.timestamp()[1] if m.timestamp()[0] else None,
                 "headers": list(m.headers() or ())} for m in msgs]

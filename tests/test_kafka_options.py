@@ -111,7 +111,22 @@ def test_kafka_source_options():
     ({"kafka.bootstrap.servers": "h:1"}, "exactly one of"),
     ({"kafka.bootstrap.servers": "h:1", "subscribe": "t", "assign": '{"t": [0]}'}, "exactly one of"),
     ({"kafka.bootstrap.servers": "h:1", "assign": "[0]"}, "assign"),
-    ({"kafka.bootstrap.servers": "h:1", "subscribe": "t", "kafka.group.id": "g"}, "no consumer group"),
+    ({"kafka.bootstrap.servers": "h:1", "subscribe": "t", "kafka.enable.auto.commit": "true"}, "no consumer group"),
+    ({"kafka.bootstrap.servers": "h:1", "subscribe": "t", "kafka.auto.offset.reset": "earliest"}, "startingOffsets"),
+    ({"kafka.bootstrap.servers": "h:1", "subscribe": "t", "kafka.value.deserializer": "x"}, "binary"),
+    ({"kafka.bootstrap.servers": "h:1", "subscribe": "t", "subscribePattern": "t.*"}, "exactly one of"),
+    ({"kafka.bootstrap.servers": "h:1", "subscribePattern": "t.*", "assign": '{"t": [0]}'}, "exactly one of"),
+    ({"kafka.bootstrap.servers": "h:1", "subscribePattern": "t(["}, "subscribePattern.*not a valid regular"),
+    ({"kafka.bootstrap.servers": "h:1", "subscribe": "t", "endingOffsets": "latest"}, "endingOffsets.*batch reads"),
+    ({"kafka.bootstrap.servers": "h:1", "subscribe": "t", "failOnDataLoss": "maybe"}, "failOnDataLoss"),
+    ({"kafka.bootstrap.servers": "h:1", "subscribe": "t", "kafkaConsumer.pollTimeoutMs": "5000",
+      "pollTimeoutMs": "6000"}, "kafkaConsumer.pollTimeoutMs.*disagree"),
+    ({"kafka.bootstrap.servers": "h:1", "subscribe": "t", "fetchOffset.numRetries": "-1"}, "fetchOffset.numRetries"),
+    ({"kafka.bootstrap.servers": "h:1", "subscribe": "t", "kafka.group.id": " "}, "kafka.group.id"),
+    ({"kafka.bootstrap.servers": "h:1", "subscribe": "t", "startingOffsetsByTimestampStrategy": "earliest"},
+     "startingOffsetsByTimestampStrategy"),
+    ({"kafka.bootstrap.servers": "h:1", "subscribe": "t", "minPartitions": "0"}, "minPartitions"),
+    ({"kafka.bootstrap.servers": "h:1", "subscribe": "t", "maxTriggerDelay": "soon"}, "maxTriggerDelay"),
     ({"kafka.bootstrap.servers": "h:1", "subscribe": "t", "topic": "x"}, "writeStream"),
     ({"kafka.bootstrap.servers": "h:1", "subscribe": "t", "kafka.isolation.level": "dirty"}, "isolation"),
 ])
@@ -210,3 +225,73 @@ def test_kafka_options_kerberos_jaas_refused_naming_the_settings_to_use():
     jaas = 'com.sun.security.auth.module.Krb5LoginModule required useKeyTab=true keyTab="/k.keytab" principal="p@R";'
     with pytest.raises(ConfigurationError, match="kafka.sasl.kerberos.service.name"):
         KafkaSinkOptions.from_options({**BASE, "kafka.sasl.jaas.config": jaas}, SCHEMA)
+
+
+SRC = {"kafka.bootstrap.servers": "h:1", "subscribe": "t"}
+
+
+def test_kafka_source_options_spark_defaults():
+    o = KafkaSourceOptions.from_options(SRC)
+    assert o.fail_on_data_loss is True and o.poll_timeout_ms == 120_000 and o.min_partitions is None
+    assert (o.fetch_offset_retries, o.fetch_offset_retry_interval_ms) == (3, 10)
+    assert o.min_offsets_per_trigger is None and o.max_trigger_delay_ms == 15 * 60_000
+    assert o.starting_offsets == "latest" and o.subscribe_pattern is None and o.batch is False
+    # a batch read (spark.read) starts at the earliest offset and ends at the latest by default
+    b = KafkaSourceOptions.from_options(SRC, batch=True)
+    assert (b.starting_offsets, b.ending_offsets, b.batch) == ("earliest", "latest", True)
+
+
+def test_kafka_source_options_spark_names_parsed():
+    o = KafkaSourceOptions.from_options({
+        "kafka.bootstrap.servers": "h:1", "subscribePattern": "events-.*", "failOnDataLoss": "false",
+        "kafkaConsumer.pollTimeoutMs": "5000", "fetchOffset.numRetries": "0", "fetchOffset.retryIntervalMs": "250",
+        "minPartitions": "8", "minOffsetsPerTrigger": "100", "maxTriggerDelay": "30s"})
+    assert o.subscribe_pattern == "events-.*" and o.subscribe == () and o.assign is None
+    assert o.fail_on_data_loss is False and o.poll_timeout_ms == 5000 and o.min_partitions == 8
+    assert (o.fetch_offset_retries, o.fetch_offset_retry_interval_ms) == (0, 250)
+    assert (o.min_offsets_per_trigger, o.max_trigger_delay_ms) == (100, 30_000)
+    # our older name still works, and the two agree when both are given
+    assert KafkaSourceOptions.from_options({**SRC, "pollTimeoutMs": "7000"}).poll_timeout_ms == 7000
+    assert KafkaSourceOptions.from_options({**SRC, "pollTimeoutMs": "7000",
+                                            "kafkaConsumer.pollTimeoutMs": "7000"}).poll_timeout_ms == 7000
+    # batch ending offsets
+    b = KafkaSourceOptions.from_options({**SRC, "endingOffsets": '{"t": {"0": 5, "1": -1}}'}, batch=True)
+    assert b.ending_offsets == {"t": {"0": 5, "1": -1}}
+
+
+def test_kafka_source_options_starting_timestamps_take_sparks_precedence():
+    from twophase.sources._kafka_offsets import StartByTimestamp
+    both = {**SRC, "startingOffsets": "earliest", "startingOffsetsByTimestamp": '{"t": {"0": 1000}}'}
+    assert KafkaSourceOptions.from_options(both).starting_offsets == StartByTimestamp(per_partition={"t": {"0": 1000}})
+    three = {**both, "startingTimestamp": "2000", "startingOffsetsByTimestampStrategy": "LATEST"}
+    assert KafkaSourceOptions.from_options(three).starting_offsets == StartByTimestamp(all_partitions=2000,
+                                                                                       strategy="latest")
+    with pytest.raises(ConfigurationError, match="startingTimestamp"):
+        KafkaSourceOptions.from_options({**SRC, "startingTimestamp": "-3"})
+
+
+def test_kafka_source_options_group_id_given_to_both_clients_never_joined_nor_committed():
+    """kafka.group.id names the consumers (brokers with ACLs on groups); groupIdPrefix gets a short uuid;
+    without either kafka-python uses no group and librdkafka (which needs one) spark-kafka-source-<uuid>.
+    Auto commit stays off in both."""
+    g = KafkaSourceOptions.from_options({**SRC, "kafka.group.id": "team-a", "groupIdPrefix": "ignored"})
+    assert g.group_id == g.librdkafka_group_id == "team-a"
+    assert g.connection_config()["group_id"] == "team-a" and g.connection_config()["enable_auto_commit"] is False
+    rd = g.librdkafka_consumer_config()
+    assert rd["group.id"] == "team-a" and rd["enable.auto.commit"] is False
+    assert rd["enable.auto.offset.store"] is False and rd["auto.offset.reset"] == "error"
+    p = KafkaSourceOptions.from_options({**SRC, "groupIdPrefix": "acl-prefix"})
+    assert p.group_id.startswith("acl-prefix-") and len(p.group_id) == len("acl-prefix-") + 8
+    assert p.librdkafka_consumer_config()["group.id"] == p.group_id == p.connection_config()["group_id"]
+    d = KafkaSourceOptions.from_options(SRC)
+    assert d.group_id is None and d.connection_config()["group_id"] is None
+    assert d.librdkafka_group_id.startswith("spark-kafka-source-")
+    assert d.librdkafka_consumer_config()["group.id"] == d.librdkafka_group_id
+    assert KafkaSourceOptions.from_options(SRC).librdkafka_group_id != d.librdkafka_group_id  # one per query
+    # an executor's kafka-python reader raises on an offset out of range instead of jumping (auto_offset_reset)
+    assert d.reader_config()["auto_offset_reset"] == "none"
+
+
+def test_kafka_source_options_stream_only_options_warned_in_a_batch_read(caplog):
+    KafkaSourceOptions.from_options({**SRC, "maxOffsetsPerTrigger": "10"}, batch=True)
+    assert "kafka_stream_options_ignored" in caplog.text and "maxOffsetsPerTrigger" in caplog.text

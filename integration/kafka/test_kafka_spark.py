@@ -149,3 +149,76 @@ def test_kafka_two_queries_same_prefix_refused(spark, kafka_bootstrap, tmp_path,
         assert first.isActive
     finally:
         first.stop()
+
+
+def test_kafka_batch_read_starting_ending_offsets_and_min_partitions(spark, kafka_bootstrap):
+    """spark.read.format("twophase-kafka"): earliest to latest by default (read_committed: no aborted
+    records), endingOffsets JSON (-1 latest), minPartitions -> that many Spark partitions; readStream
+    refuses endingOffsets, naming it."""
+    src = create_topic(kafka_bootstrap, unique("batch"), 2)
+    produce(kafka_bootstrap, src, [b"v%d" % i for i in range(20)])  # 10 per partition
+    produce(kafka_bootstrap, src, [b"aborted"] * 4, transactional_id=unique("t"), commit=False)
+
+    def read(**options):
+        r = spark.read.format("twophase-kafka").option("kafka.bootstrap.servers", kafka_bootstrap).option("subscribe", src)
+        for k, v in options.items():
+            r = r.option(k, v)
+        return r.load()
+    df = read()
+    assert df.schema.simpleString().startswith("struct<key:binary,value:binary,topic:string,partition:int")
+    assert sorted(bytes(r.value) for r in df.collect()) == sorted(b"v%d" % i for i in range(20))
+    part = read(startingOffsets=f'{{"{src}": {{"0": 2, "1": -2}}}}', endingOffsets=f'{{"{src}": {{"0": 5, "1": -1}}}}')
+    got = sorted((r.partition, r.offset) for r in part.select("partition", "offset").collect())
+    assert got == [(0, 2), (0, 3), (0, 4)] + [(1, o) for o in range(10)]
+    split = read(minPartitions="6")
+    assert split.rdd.getNumPartitions() == 6 and split.count() == 20
+    try:
+        q = (spark.readStream.format("twophase-kafka").option("kafka.bootstrap.servers", kafka_bootstrap)
+             .option("subscribe", src).option("endingOffsets", "latest").load()
+             .writeStream.format("noop").start())
+    except Exception as e:  # analysis-time failure
+        message = str(e)
+    else:
+        try:
+            message = _failure(q, 60)
+        finally:
+            q.stop()
+    assert "endingOffsets' is for batch reads" in message, message
+
+
+def test_kafka_min_offsets_per_trigger_holds_batches_until_enough_or_max_trigger_delay(spark, kafka_bootstrap,
+                                                                                        tmp_path):
+    """minOffsetsPerTrigger reaches the source through PySpark's ReadMinRows (getDefaultReadLimit, given
+    back to latestOffset): after the first batch (never held), 10 new records wait, 10 + 25 make a batch at
+    once, and 5 more wait for maxTriggerDelay since the last batch."""
+    src = create_topic(kafka_bootstrap, unique("minrows"), 1)
+    produce(kafka_bootstrap, src, [b"a%d" % i for i in range(10)], partitions=1)
+    batches: list[tuple[float, int]] = []
+    df = (spark.readStream.format("twophase-kafka").option("kafka.bootstrap.servers", kafka_bootstrap)
+          .option("subscribe", src).option("startingOffsets", "earliest").option("minOffsetsPerTrigger", "30")
+          .option("maxTriggerDelay", "12s").load())
+    q = (df.writeStream.foreachBatch(lambda b, _id: batches.append((time.monotonic(), b.count())))
+         .option("checkpointLocation", str(tmp_path / "ck")).trigger(processingTime="1 second").start())
+
+    def rows_reach(n: int, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while sum(c for _t, c in batches) < n and time.monotonic() < deadline:
+            assert q.exception() is None, str(q.exception())
+            time.sleep(0.2)
+        return sum(c for _t, c in batches) >= n
+    try:
+        assert rows_reach(10, 90), "the first batch is not held back"
+        produce(kafka_bootstrap, src, [b"b%d" % i for i in range(10)], partitions=1)
+        time.sleep(4)
+        assert sum(c for _t, c in batches) == 10, "10 < minOffsetsPerTrigger: no batch yet"
+        produce(kafka_bootstrap, src, [b"c%d" % i for i in range(25)], partitions=1)
+        asked = time.monotonic()
+        assert rows_reach(45, 30) and time.monotonic() - asked < 10, "35 >= 30: a batch at the next trigger"
+        assert [c for _t, c in batches if c][-1] == 35
+        last = [t for t, c in batches if c][-1]
+        produce(kafka_bootstrap, src, [b"d%d" % i for i in range(5)], partitions=1)
+        assert rows_reach(50, 60), "maxTriggerDelay lets the 5 through"
+        held = [t for t, c in batches if c][-1] - last
+        assert held >= 8, f"the 5 records came {held:.1f} s after the last batch, before maxTriggerDelay"
+    finally:
+        q.stop()
