@@ -352,16 +352,20 @@ def _max_string(v: str) -> Optional[str]:
     return None
 
 
-def _timestamp_json(v: _dt.datetime, *, upper: bool, utc: bool) -> str:
-    """Delta's timestamp statistic (milliseconds, ``Z`` for UTC-adjusted columns). Statistics have
-    millisecond precision: a maximum with microseconds is rounded UP to the next millisecond, so it
-    still bounds every value (rounding down would let readers skip a file that holds a matching row)."""
-    if v.tzinfo is not None:
-        v = v.astimezone(_dt.timezone.utc).replace(tzinfo=None)
-    if upper and v.microsecond % 1000:
-        v = v.replace(microsecond=v.microsecond - v.microsecond % 1000) + _dt.timedelta(milliseconds=1)
-    elif v.microsecond % 1000:
-        v = v.replace(microsecond=v.microsecond - v.microsecond % 1000)
+_UNIT_US = {"s": 1_000_000, "ms": 1000, "us": 1, "ns": None}
+_EPOCH = _dt.datetime(1970, 1, 1)
+
+
+def _timestamp_json(us: int, *, upper: bool, utc: bool) -> Optional[str]:
+    """Delta's timestamp statistic of ``us`` microseconds since the epoch (milliseconds, ``Z`` for UTC-adjusted
+    columns), or None when it is outside what the format can show (years 1-9999). Statistics have millisecond
+    precision: a maximum with microseconds is rounded UP to the next millisecond, so it still bounds every
+    value (rounding down would let readers skip a file that holds a matching row); a minimum is rounded down."""
+    ms = -(-us // 1000) if upper else us // 1000
+    try:
+        v = _EPOCH + _dt.timedelta(milliseconds=ms)
+    except OverflowError:
+        return None
     return v.strftime("%Y-%m-%dT%H:%M:%S.") + f"{v.microsecond // 1000:03d}" + ("Z" if utc else "")
 
 
@@ -397,6 +401,17 @@ class _Stats:
             if name in self._skip:
                 continue
             col = batch.column(name)
+            if pa.types.is_timestamp(col.type):  # as integers: Python datetimes overflow at years 1 and 9999
+                scale = _UNIT_US[col.type.unit]
+                ints = col.cast(pa.int64())
+                mm = pc.min_max(ints).as_py()
+                if mm["min"] is None:
+                    continue
+                lo, hi = ((mm["min"] * scale, mm["max"] * scale) if scale is not None
+                          else (mm["min"] // 1000, -(-mm["max"] // 1000)))
+                self.min[name] = lo if name not in self.min else min(self.min[name], lo)
+                self.max[name] = hi if name not in self.max else max(self.max[name], hi)
+                continue
             mm = pc.min_max(col).as_py()
             lo, hi = mm["min"], mm["max"]
             if lo is None:
@@ -416,8 +431,10 @@ class _Stats:
             hi = self.max[name]
             t = self._types[name]
             if pa.types.is_timestamp(t):
-                lows[name] = _timestamp_json(lo, upper=False, utc=t.tz is not None)
-                highs[name] = _timestamp_json(hi, upper=True, utc=t.tz is not None)
+                low = _timestamp_json(lo, upper=False, utc=t.tz is not None)
+                high = _timestamp_json(hi, upper=True, utc=t.tz is not None)
+                if low is not None and high is not None:  # else no statistics for the column: still correct
+                    lows[name], highs[name] = low, high
             elif isinstance(lo, str):
                 lows[name] = _min_string(lo)
                 upper = _max_string(hi)

@@ -335,3 +335,21 @@ def test_delta_sink_inv6_column_mapping_table_refused_before_any_write(tmp_path)
     with pytest.raises(ConfigurationError, match="column mapping"):
         _sink_on(path, pa.schema([("id", pa.int64())]))
     assert not [f for f in os_files(path) if f.endswith(".parquet")]
+
+
+def test_delta_stats_extreme_timestamps_never_fail_a_write_nor_bound_wrongly() -> None:
+    """Spark's timestamp range ends at 9999-12-31 23:59:59.999999, where rounding the max up leaves the years
+    datetime can show; year 1 with a zone likewise. The column then has no statistics (before: OverflowError
+    failed every task writing such a row, seen in integration/test_types.py)."""
+    import datetime as dt
+    import json
+    utc = dt.timezone.utc
+    schema = pa.schema([("ts", pa.timestamp("us", tz="UTC")), ("ntz", pa.timestamp("us")), ("ns", pa.timestamp("ns"))])
+    st = _Stats(schema)
+    st.update(pa.record_batch({"ts": [dt.datetime(1, 1, 1, tzinfo=utc), dt.datetime(9999, 12, 31, 23, 59, 59, 999_999, tzinfo=utc)],
+                               "ntz": [dt.datetime(2020, 1, 1), dt.datetime(9999, 12, 31, 23, 59, 59, 999_000)],
+                               "ns": pa.array([1_000_000_001, 2_000_000_999], pa.timestamp("ns"))}, schema=schema))
+    stats = json.loads(st.to_json())
+    assert "ts" not in stats["maxValues"] and "ts" not in stats["minValues"]
+    assert stats["maxValues"]["ntz"] == "9999-12-31T23:59:59.999"  # already a whole millisecond: exact
+    assert stats["minValues"]["ns"] == "1970-01-01T00:00:01.000" and stats["maxValues"]["ns"] == "1970-01-01T00:00:02.001"
