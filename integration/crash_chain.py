@@ -30,6 +30,20 @@ from typing import Callable, Optional, Sequence
 
 import pytest
 
+#: The default chain's points: one per recovery path. (1) Nothing of the checkpoint is durable: abort, sweep and
+#: re-run (after_pre_commit; write and before_complete take the same path). (2) COMPLETED: recovery commits,
+#: after some handles were committed already (mid_commit; after_complete is the same path with none committed).
+#: (3) COMMITTED but Spark re-runs the batch: nothing written twice (after_commit). TWOPHASE_FULL_MATRIX=1 runs
+#: every point of twophase.faults.POINTS (and the per-point job pairs); the default keeps the suite in budget.
+DEFAULT_POINTS = ("after_pre_commit", "mid_commit", "after_commit")
+
+
+def chain_points() -> tuple[str, ...]:
+    """The fault points of a crash chain in this run (see :data:`DEFAULT_POINTS`)."""
+    from twophase.faults import POINTS
+    return tuple(POINTS) if os.environ.get("TWOPHASE_FULL_MATRIX") == "1" else DEFAULT_POINTS
+
+
 #: runs the job once: (TWOPHASE_FAULT or None, its marker file or None, log path) -> exit code
 RunJob = Callable[[Optional[str], Optional[str], str], int]
 

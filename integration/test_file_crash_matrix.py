@@ -2,8 +2,10 @@
 check that the output holds every input record exactly once and that no staged file is left.
 
 Default: one crash chain (integration/crash_chain.py): one query over 8 input files (one per batch),
-run 7 times; run ``k`` is killed at the k-th point of ``POINTS`` on batch ``k`` (the marker file proves
-it), after restarting from the previous crash; the 7th run is clean. After every crash a plain reader
+run once per point of the chain and once more; run ``k`` is killed at the k-th point on batch ``k`` (the
+marker file proves it), after restarting from the previous crash; the last run is clean. The chain's
+points are one per recovery path (``crash_chain.DEFAULT_POINTS``: after_pre_commit, mid_commit,
+after_commit); ``TWOPHASE_FULL_MATRIX=1`` chains every point of ``twophase.faults.POINTS``. After every crash a plain reader
 sees every earlier batch exactly once, the crashed batch not at all (partly at ``mid_commit``, whole
 at ``after_commit``), no duplicates and nothing unexpected, and staged files and unfinished log records
 only of the crashed checkpoint; at the end every id is there exactly once, no staged attempt is left
@@ -20,7 +22,7 @@ from collections import Counter
 
 import pytest
 
-from integration.crash_chain import CrashChain
+from integration.crash_chain import CrashChain, chain_points
 from integration.fileio import check_exactly_once, make_input, read_ids, run_file_job, staging_leftovers
 from twophase.naming import default_log_location
 from twophase.faults import POINTS
@@ -75,10 +77,10 @@ def chain(tmp_path_factory) -> CrashChain:
             f"staged files of an earlier checkpoint survived the restart's recovery; {state}"
         assert set(unfinished) <= {cid}, f"an earlier checkpoint is not final; {state}"
 
-    return CrashChain(POINTS, run, check_crashed, lambda: assert_recovered(ids, out), str(work))
+    return CrashChain(chain_points(), run, check_crashed, lambda: assert_recovered(ids, out), str(work))
 
 
-@pytest.mark.parametrize("point", POINTS)
+@pytest.mark.parametrize("point", chain_points())
 def test_crash_matrix_file_sink(chain: CrashChain, point: str) -> None:
     chain.crash(point)
 

@@ -1,7 +1,8 @@
 """The crash matrix of twophase-delta on real Spark with the table on a real S3 server.
 
-The job is SIGKILLed (whole session) at every protocol point in turn, each restart recovering the
-previous crash, then runs clean. Afterwards: the table holds every input row exactly once (invariants
+The job is SIGKILLed (whole session) at each point of the crash chain in turn (one per recovery path,
+``integration.crash_chain.DEFAULT_POINTS``; every protocol point with ``TWOPHASE_FULL_MATRIX=1``), each
+restart recovering the previous crash, then runs clean. Afterwards: the table holds every input row exactly once (invariants
 1, 2 of :mod:`twophase.sinks.delta`), one Delta version per committed batch at most, the table's app
 transaction version is the last batch id, no data file is unreferenced and no upload is left
 (invariant 4), and every checkpoint in the transaction log is final.
@@ -30,7 +31,7 @@ def table_ids(uri: str, server: S3Server) -> list[int]:
     return DeltaTable(uri, storage_options=storage(server)).to_pyarrow_table().column("id").to_pylist()
 
 
-def test_delta_sink_inv1_inv2_inv4_crash_at_every_point_then_exactly_once(s3_server: S3Server, tmp_path) -> None:
+def test_delta_sink_inv1_inv2_inv4_crash_chain_then_exactly_once(s3_server: S3Server, tmp_path) -> None:
     bucket = s3_server.new_bucket()
     uri = f"s3://{bucket}/table"
     options = {"path": uri, "partitionBy": "p", **s3_server.options()}

@@ -4,14 +4,17 @@ input record exactly once, that no transaction under the prefix is left open, an
 nothing PENDING or COMPLETED.
 
 Default: one crash chain (integration/crash_chain.py) of the shared job (integration/kafka/kafka_job.py):
-800 records in 8 batches of 100, run 7 times; run ``k`` is killed at the k-th point of ``POINTS`` on
-batch ``k`` (the marker file proves it), after restarting from the previous crash; the 7th run is clean.
+800 records in 8 batches of 100, run once per point of the chain and once more; run ``k`` is killed at the
+k-th point on batch ``k`` (the marker file proves it), after restarting from the previous crash; the last
+run is clean. The chain's points are one per recovery path (``crash_chain.DEFAULT_POINTS``:
+after_pre_commit, mid_commit, after_commit); ``TWOPHASE_FULL_MATRIX=1`` chains every point.
 After every crash a read_committed consumer sees every record of the earlier batches (their offset
 ranges come from Spark's offset log) exactly once, the crashed batch's records not at all (some at
 ``mid_commit``: committed ones behind another task's open transaction wait for it; all at ``after_commit``), nothing unexpected; open transactions are only of the crashed
 checkpoint's generation and unfinished log records only the crashed checkpoint. At the end: every
 record exactly once, no open transaction, every log record final. One test per point, then the final
-restart. Point ``write`` kills from an executor's Python worker mid-write; the others from the driver side.
+restart. Point ``write`` (full matrix) kills from an executor's Python worker mid-write; the others from the
+driver side.
 
 ``TWOPHASE_FULL_MATRIX=1`` also runs the matrix the long way: a job pair per point (crash at
 ``point@1``, then a clean restart), 12 Spark launches.
@@ -26,7 +29,7 @@ import sys
 
 import pytest
 
-from integration.crash_chain import CrashChain
+from integration.crash_chain import CrashChain, chain_points
 from integration.jobrun import job_env, run_in_own_session
 
 from integration.kafka.broker import create_topic, produce, read_topic, unique
@@ -114,10 +117,10 @@ def chain(kafka_bootstrap, tmp_path_factory) -> CrashChain:
         assert sink._client().list_transactions(prefix + "-") == [], "a transaction was left open"
         assert sink.transaction_log().unfinished() == [], "a checkpoint was left PENDING or COMPLETED"
 
-    return CrashChain(POINTS, run, check_crashed, check_final, str(work))
+    return CrashChain(chain_points(), run, check_crashed, check_final, str(work))
 
 
-@pytest.mark.parametrize("point", POINTS)
+@pytest.mark.parametrize("point", chain_points())
 def test_crash_matrix_kafka_sink(chain: CrashChain, point: str) -> None:
     chain.crash(point)
 

@@ -159,7 +159,8 @@ def crash_chain(fmt: str, tmp: Path, options: dict[str, str], files: int = 16,
     input_dir, checkpoint = tmp / "in", tmp / "checkpoint"
     ids = write_input(input_dir, files=files, rows=20)
     results = []
-    for point in POINTS:
+    from integration.crash_chain import chain_points
+    for point in chain_points():
         marker = tmp / f"marker-{point}"
         r = run_job(fmt, input_dir, checkpoint, options, fault=point, marker=marker)
         results.append(r)

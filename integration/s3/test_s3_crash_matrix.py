@@ -1,7 +1,8 @@
 """The crash matrix of twophase-s3 on real Spark and a real S3 server.
 
-The job is SIGKILLed (whole session) at every protocol point in turn, each restart recovering the
-previous crash, then runs clean. Afterwards: every input row is in exactly one committed object
+The job is SIGKILLed (whole session) at each point of the crash chain in turn (one per recovery path,
+``integration.crash_chain.DEFAULT_POINTS``; every protocol point with ``TWOPHASE_FULL_MATRIX=1``), each
+restart recovering the previous crash, then runs clean. Afterwards: every input row is in exactly one committed object
 (invariants 1, 2 of :mod:`twophase.sinks.s3`), no multipart upload is left under the prefix (invariant 4), and
 every checkpoint in the transaction log is final. Objects are committed one by one (the S3 sink is
 atomic per object, not per checkpoint), so only a crash at ``mid_commit`` may leave part of a batch
@@ -32,7 +33,7 @@ def committed_ids(server: S3Server, bucket: str, prefix: str) -> list[int]:
     return ids
 
 
-def test_s3_sink_inv1_inv2_inv4_crash_at_every_point_then_exactly_once(s3_server: S3Server, tmp_path) -> None:
+def test_s3_sink_inv1_inv2_inv4_crash_chain_then_exactly_once(s3_server: S3Server, tmp_path) -> None:
     bucket = s3_server.new_bucket()
     options = {"path": f"s3://{bucket}/out", "partitionBy": "p", "partSize": "5m", **s3_server.options()}
 
