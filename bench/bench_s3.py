@@ -3,7 +3,9 @@
 Both sides encode the same Arrow batches as Parquet and write one object per task and batch to the same
 S3 server; twophase adds the protocol (multipart upload, handle, transaction log on S3, one commit per
 batch). Driven without Spark, but through the same calls as the Spark adapter (recovery before each
-batch, then the driver commit), so the numbers are the sink's own cost. Prints a markdown table.
+batch, then the driver commit), so the numbers are the sink's own cost. Prints a markdown table, and the
+S3 requests twophase makes per batch by operation (every botocore API call of the timed twophase rounds:
+the sink's, its transaction log's and its recovery's), for issue 13's per-batch cost.
 
     python bench/bench_s3.py [--batches 6] [--tasks 2] [--rows 400000]
 """
@@ -31,6 +33,26 @@ from twophase.log_s3 import S3Config  # noqa: E402
 from twophase.sink import TransactionContext, run_task  # noqa: E402
 
 
+class RequestCount:
+    """Counts botocore API calls by operation name while ``on`` (a wrapper around BaseClient._make_api_call)."""
+
+    def __init__(self) -> None:
+        import collections
+
+        import botocore.client
+        self.calls: collections.Counter[str] = collections.Counter()
+        self.on = False
+        original = botocore.client.BaseClient._make_api_call
+        counter = self
+
+        def counted(client, operation_name, api_params):  # type: ignore[no-untyped-def]
+            if counter.on:
+                counter.calls[operation_name] += 1
+            return original(client, operation_name, api_params)
+
+        botocore.client.BaseClient._make_api_call = counted
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batches", type=int, default=6)
@@ -38,6 +60,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=400_000, help="rows per task and batch")
     ap.add_argument("--rounds", type=int, default=2, help="alternate plain/twophase rounds; the best of each counts")
     a = ap.parse_args()
+    requests = RequestCount()
     ep, server_dir = endpoint()
     try:
         cfg = S3Config(ep, "us-east-1", "test", "test")
@@ -83,7 +106,9 @@ def main() -> None:
         for r in range(a.rounds):
             secs, total_bytes = plain_round(f"r{r}", a.batches)
             plain_runs.append(secs)
+            requests.on = True
             secs, c = twophase_round(a.batches)
+            requests.on = False
             twophase_runs.append(secs)
             commits += c
         plain_s, twophase_s = min(plain_runs), min(twophase_runs)
@@ -97,6 +122,13 @@ def main() -> None:
     print(f"| plain put_object | {plain_s:.2f} | {mib / plain_s:.1f} | - | 1.00 |")
     print(f"| twophase-s3 (multipart + commit) | {twophase_s:.2f} | {mib / twophase_s:.1f} | "
           f"{statistics.median(commits) * 1e3:.0f} | {plain_s / twophase_s:.2f} |")
+    n = a.batches * a.rounds
+    per_batch = {op: c / n for op, c in sorted(requests.calls.items(), key=lambda kv: -kv[1])}
+    print(f"\nS3 requests per batch (twophase-s3, {a.tasks} tasks, mean of {n} batches): "
+          f"{sum(per_batch.values()):.1f} in all; plain put_object makes {a.tasks}\n")
+    print("| operation | per batch |\n|---|---:|")
+    for op, c in per_batch.items():
+        print(f"| {op} | {c:.1f} |")
 
 
 if __name__ == "__main__":
