@@ -128,14 +128,14 @@ from typing import Any, ClassVar, Mapping, Optional, TypedDict
 
 import pyarrow as pa
 
-from twophase._kafka import kafka_python_config, librdkafka_config
+from twophase._kafka import CLIENTS, kafka_python_config, librdkafka_config
 from twophase._logging import get_logger
-from twophase._redact import is_secret_name, redact_text, redact_values, safe_repr
+from twophase._redact import redact_error, safe_repr
 from twophase.errors import (ConcurrentWriterError, ConfigurationError, FencedError, MissingDependencyError,
                              TransientSinkError)
 from twophase.log import LogStore, TransactionLog, decode_record, encode_record
 from twophase.log_s3 import S3_CLIENT_OPTIONS, S3_SCHEMES, S3Config, open_log_store, parse_s3_url, s3_config_from
-from twophase.options import Option, parse_duration_ms, parse_positive_int, parse_options
+from twophase.options import Option, parse_choice, parse_duration_ms, parse_positive_int, parse_options
 from twophase.sink import (Committable, CommitResult, CommitStatus, Guarantee, SinkCommitter, SinkSpec, SinkWriter,
                            TransactionContext)
 
@@ -176,22 +176,13 @@ KAFKA_SINK_OPTIONS: tuple[Option[Any], ...] = (
            "on S3, else $TWOPHASE_STATE_DIR/kafka-prefixes or ~/.twophase/kafka-prefixes, which is on the driver "
            "host's disk: on a cluster put the checkpoint or log on S3 or a shared filesystem, and this with it"),
     Option("commitParallelism", parse_positive_int, 8, help="threads committing the transactions of a checkpoint"),
-    Option("kafkaClient", lambda v: _parse_client(v), "librdkafka",
+    Option("kafkaClient", parse_choice(*CLIENTS), "librdkafka",
            help="the executors' producer: 'librdkafka' (confluent-kafka, the default) or 'kafka-python'"),
     # how to reach S3 for a log and prefix registry on S3 (as the twophase-s3 and twophase-delta sinks)
     *S3_CLIENT_OPTIONS,
 )
 
 
-#: option kafkaClient: the executors' producer library
-CLIENTS = ("librdkafka", "kafka-python")
-
-
-def _parse_client(value: str) -> str:
-    v = str(value).strip().lower()
-    if v not in CLIENTS:
-        raise ValueError(f"expected one of {', '.join(CLIENTS)}")
-    return v
 
 
 def _is_s3(location: Optional[str]) -> bool:
@@ -809,9 +800,8 @@ class KafkaPythonWriter(_KafkaWriterBase):
         try:
             return KafkaProducer(**cfg)
         except Exception as e:
-            secrets = [v for k, v in cfg.items() if is_secret_name(k) and isinstance(v, str)]
             raise TransientSinkError(f"{SINK}: cannot create a producer for {','.join(self.options.bootstrap_servers)}: "
-                                     f"{type(e).__name__}: {redact_values(redact_text(str(e)), secrets)}") from e
+                                     f"{type(e).__name__}: {redact_error(e, cfg)}") from e
 
     def _begin(self, context: TransactionContext) -> KafkaTransaction:  # step 1
         if self.sink.guarantee is Guarantee.AT_LEAST_ONCE:
@@ -1025,9 +1015,8 @@ class KafkaWriter(_KafkaWriterBase):
         try:
             return Producer(cfg)
         except Exception as e:
-            secrets = [v for k, v in cfg.items() if is_secret_name(k) and isinstance(v, str)]
             raise TransientSinkError(f"{SINK}: cannot create a producer for {','.join(self.options.bootstrap_servers)}: "
-                                     f"{type(e).__name__}: {redact_values(redact_text(str(e)), secrets)}") from e
+                                     f"{type(e).__name__}: {redact_error(e, cfg)}") from e
 
     def _begin(self, context: TransactionContext) -> RdKafkaTransaction:  # step 1
         if self.sink.guarantee is Guarantee.AT_LEAST_ONCE:

@@ -42,7 +42,7 @@ from typing import Any, Callable, Iterator, Mapping, Optional, TypeVar
 
 import pyarrow as pa
 
-from twophase._kafka import kafka_python_config, librdkafka_config
+from twophase._kafka import CLIENTS, kafka_python_config, librdkafka_config
 from twophase.runtime.sources import Source
 from twophase.sources._kafka_offsets import (KafkaSplit, Offsets, StartByTimestamp, choose_start, delay_batch, flatten,
                                              next_end, normalize, parse_ending_offsets, parse_starting_offsets,
@@ -50,7 +50,7 @@ from twophase.sources._kafka_offsets import (KafkaSplit, Offsets, StartByTimesta
                                              resolve_start_by_timestamp, timestamps_to_look_up, unflatten, LATEST,
                                              TIMESTAMP_STRATEGIES)
 from twophase._logging import get_logger
-from twophase._redact import is_secret_name, redact_text, redact_values, safe_repr
+from twophase._redact import redact_error, redact_text, safe_repr
 from twophase.errors import ConfigurationError, DataLossError, MissingDependencyError, TransientSinkError
 from twophase.options import Option, parse_bool, parse_choice, parse_duration_ms, parse_positive_int, parse_options
 
@@ -59,18 +59,9 @@ _log = get_logger(__name__)
 SOURCE = "twophase-kafka"
 T = TypeVar("T")
 
-#: option kafkaClient: the library the executors read with (the driver's offset queries use kafka-python)
-CLIENTS = ("librdkafka", "kafka-python")
 DEFAULT_POLL_TIMEOUT_MS = 120_000
 #: Spark's default group id prefix (librdkafka needs a group.id; kafka-python goes without one)
 DEFAULT_GROUP_ID_PREFIX = "spark-kafka-source"
-
-
-def _parse_client(value: str) -> str:
-    v = str(value).strip().lower()
-    if v not in CLIENTS:
-        raise ValueError(f"expected one of {', '.join(CLIENTS)}")
-    return v
 
 
 def _parse_non_negative_int(value: str) -> int:
@@ -114,7 +105,7 @@ SOURCE_OPTIONS: tuple[Option[Any], ...] = (
     Option("fetchOffset.retryIntervalMs", _parse_non_negative_int, 10,
            help="milliseconds between the retries of a driver offset query"),
     Option("groupIdPrefix", str, help="prefix of the generated group.id (ignored when kafka.group.id is set)"),
-    Option("kafkaClient", _parse_client, "librdkafka",
+    Option("kafkaClient", parse_choice(*CLIENTS), "librdkafka",
            help="the executors' consumer: 'librdkafka' (confluent-kafka, the default; ~11x faster into Arrow) "
                 "or 'kafka-python'"),
 )
@@ -576,14 +567,14 @@ class _RdKafkaPartition:
             self.consumer = Consumer(cfg)
         except Exception as e:
             raise ConfigurationError(f"{SOURCE}: cannot create a consumer for {where}: {type(e).__name__}: "
-                                     f"{_shown(e, cfg)}") from e
+                                     f"{redact_error(e, cfg)}") from e
         try:
             low, _high = self.watermarks()
         except KafkaException as e:
             self.close()
             raise TransientSinkError(f"{SOURCE}: no earliest offset of {where} from kafka.bootstrap.servers="
                                      f"{cfg.get('bootstrap.servers')!r} within {self._timeout():g} s: "
-                                     f"{_shown(e, cfg)}") from e
+                                     f"{redact_error(e, cfg)}") from e
         if low > start:
             if options.fail_on_data_loss:
                 self.close()
@@ -664,11 +655,6 @@ class _RdKafkaPartition:
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self.consumer.close()
-
-
-def _shown(e: BaseException, cfg: Mapping[str, Any]) -> str:
-    secrets = [v for k, v in cfg.items() if is_secret_name(k) and isinstance(v, str)]
-    return redact_values(redact_text(str(e)), secrets)
 
 
 def _timestamp(kind: int, ts: int) -> tuple[Optional[int], int]:

@@ -10,6 +10,10 @@ from twophase._redact import MASK, is_secret_name, redact_text
 from twophase.errors import ConfigurationError
 
 
+#: option kafkaClient of the sink and the source: the executors' client library
+CLIENTS = ("librdkafka", "kafka-python")
+
+
 def kafka_python_config(raw: Mapping[str, Any], defaults: Mapping[str, Any], *, what: str,
                         reserved: Mapping[str, str] = {}) -> dict[str, Any]:
     """Map ``kafka.a.b`` options to kafka-python ``a_b`` arguments, typed like ``defaults``.

@@ -121,6 +121,13 @@ def redact_values(text: str, secrets: Iterable[Any]) -> str:
     return text
 
 
+def redact_error(error: BaseException, settings: Mapping[Any, Any]) -> str:
+    """``str(error)`` of a client library's exception, with embedded secrets masked and every string value
+    of a secret-named setting of ``settings`` (the client's configuration) replaced by :data:`MASK`."""
+    secrets = [v for k, v in settings.items() if is_secret_name(k) and isinstance(v, str)]
+    return redact_values(redact_text(str(error)), secrets)
+
+
 C = TypeVar("C", bound=type)
 
 
