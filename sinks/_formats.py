@@ -418,16 +418,13 @@ class _Compressed(FormatWriter):
     """A text format writer whose bytes go through a :class:`_CompressedStream`."""
 
     def __init__(self, inner: FormatWriter, stream: _CompressedStream) -> None:
-        super().__init__(stream.raw, inner.schema)
+        # no FormatWriter.__init__: the record count is the inner writer's, the size the raw stream's
         self.inner, self.codec = inner, stream
+        self.stream, self.schema = stream.raw, inner.schema
 
     @property
     def records(self) -> int:  # type: ignore[override]
         return self.inner.records
-
-    @records.setter
-    def records(self, value: int) -> None:
-        pass
 
     def write(self, batch: pa.RecordBatch) -> None:
         self.inner.write(batch)
