@@ -105,6 +105,18 @@ def _failure(q, timeout: float) -> str:
     return str(q.exception())
 
 
+def _start_failure(start, timeout: float = 60) -> str:
+    """The error message of a query that must fail: at analysis (``start()`` raises) or within ``timeout``."""
+    try:
+        q = start()
+    except Exception as e:  # analysis-time failure
+        return str(e)
+    try:
+        return _failure(q, timeout)
+    finally:
+        q.stop()
+
+
 @pytest.mark.parametrize("case", ["no_bootstrap", "no_topic", "unreachable"])
 def test_kafka_bad_options_fail_fast_and_commit_nothing(spark, tmp_path, registry, case):
     options = {"kafka.bootstrap.servers": "127.0.0.1:9", "topic": "t", "prefixRegistry": registry,
@@ -115,15 +127,7 @@ def test_kafka_bad_options_fail_fast_and_commit_nothing(spark, tmp_path, registr
         del options["topic"]
     ck = str(tmp_path / "ck")
     started = time.monotonic()
-    try:
-        q = _rate_query(spark, options, ck)
-    except Exception as e:  # analysis-time failure
-        message = str(e)
-    else:
-        try:
-            message = _failure(q, 60)
-        finally:
-            q.stop()
+    message = _start_failure(lambda: _rate_query(spark, options, ck))
     assert time.monotonic() - started < 60
     expect = {"no_bootstrap": "kafka.bootstrap.servers' is required", "no_topic": "no topic",
               "unreachable": "no Kafka broker answers"}[case]
@@ -172,17 +176,9 @@ def test_kafka_batch_read_starting_ending_offsets_and_min_partitions(spark, kafk
     assert got == [(0, 2), (0, 3), (0, 4)] + [(1, o) for o in range(10)]
     split = read(minPartitions="6")
     assert split.rdd.getNumPartitions() == 6 and split.count() == 20
-    try:
-        q = (spark.readStream.format("twophase-kafka").option("kafka.bootstrap.servers", kafka_bootstrap)
-             .option("subscribe", src).option("endingOffsets", "latest").load()
-             .writeStream.format("noop").start())
-    except Exception as e:  # analysis-time failure
-        message = str(e)
-    else:
-        try:
-            message = _failure(q, 60)
-        finally:
-            q.stop()
+    message = _start_failure(lambda: spark.readStream.format("twophase-kafka")
+                             .option("kafka.bootstrap.servers", kafka_bootstrap).option("subscribe", src)
+                             .option("endingOffsets", "latest").load().writeStream.format("noop").start())
     assert "endingOffsets' is for batch reads" in message, message
 
 
