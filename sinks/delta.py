@@ -490,6 +490,7 @@ class DeltaSink(SinkSpec[DeltaCommittable]):
     #: sweep right after each commit too (invariant 4): after the last batch of a run no recovery comes;
     #: the sweep of a just-committed checkpoint lists only where its files can be (see abort_lingering)
     sweep_after_commit = True
+    supports_write_jobs = True
 
     def __init__(self, options: DeltaSinkOptions) -> None:
         self.options = options

@@ -133,6 +133,7 @@ class FileSink(SinkSpec[FileCommittable]):
     #: had a crashed attempt (re-run and committed) leaves no staged files behind, even though no
     #: further batch (whose recovery would sweep) comes
     sweep_after_commit = True
+    supports_write_jobs = True
 
     def __init__(self, options: FileSinkOptions) -> None:
         self.options = options

@@ -153,6 +153,7 @@ class S3Sink(SinkSpec[S3Committable]):
     #: next micro-batch, which never comes after the last batch of a run: one ListMultipartUploads
     #: (prefix-scoped, paged by 1000 uploads in progress) per batch
     sweep_after_commit = True
+    supports_write_jobs = True
 
     def __init__(self, options: S3SinkOptions) -> None:
         self.options = options

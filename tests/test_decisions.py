@@ -13,7 +13,8 @@ import time
 
 import pytest
 
-from twophase.decisions import (STATES, AbortHandles, CheckSuperseded, CommitHandles, CommitOutcome, CommitUpTo, Event,
+from twophase.decisions import (STATES, AbortHandles, CheckSuperseded, CommitHandles, CommitOutcome, CommitUpTo,
+                                DeclineWriteJob, Event,
                                 Facts, Handles, Outcome, Prune, Refuse, RefuseResolve, Sweep, TakeAcks, WriteAborted,
                                 WriteCommitted, WriteCompleted, WriteLost, WritePending, decide)
 from twophase.states import CheckpointState, is_transition_valid
@@ -111,6 +112,25 @@ TABLE = {
     E.RESOLVE_LOST: {
         C.COMPLETED: {WITH_REASON: [WriteLost(f"data loss accepted: {REASON}")]},
         **same([None, C.PENDING, C.COMMITTED, C.ABORTED, C.LOST], {WITH_REASON: [RefuseResolve()]}),
+    },
+    E.WRITE_JOB_COMMIT: {
+        C.PENDING: {PLAIN: [TakeAcks()]},
+        C.COMPLETED: {PLAIN: [AbortHandles(UNRECORDED), CommitUpTo(), Outcome(CommitOutcome.RECOVERED)]},
+        C.COMMITTED: {PLAIN: [AbortHandles(UNRECORDED), Sweep(best_effort=True), ALREADY]},
+        C.LOST: {PLAIN: [AbortHandles(UNRECORDED), ALREADY]},
+        **same([None, C.ABORTED], {PLAIN: [AbortHandles(ACKED), DeclineWriteJob()]}),  # never reopened
+    },
+    E.WRITE_JOB_ABORT: {
+        C.PENDING: {WITH_REASON: [AbortHandles(ACKED), WriteAborted(REASON), Sweep(best_effort=True)]},
+        C.ABORTED: {WITH_REASON: [AbortHandles(ACKED), Sweep(best_effort=True)]},
+        None: {WITH_REASON: [AbortHandles(ACKED)]},
+        **same([C.COMPLETED, C.COMMITTED, C.LOST], {WITH_REASON: [AbortHandles(UNRECORDED)]}),
+    },
+    E.WRITE_JOB_TAKE_OVER: {
+        C.PENDING: {WITH_REASON: [AbortHandles(RECORDED, recovering=True), WriteAborted(REASON),
+                                  Sweep(best_effort=True)]},
+        C.ABORTED: {WITH_REASON: [Sweep(best_effort=True)]},
+        **same([None, C.COMPLETED, C.COMMITTED, C.LOST], {WITH_REASON: []}),
     },
 }
 

@@ -48,7 +48,8 @@ from twophase import faults
 from twophase._logging import get_logger
 from twophase.checkpoint import (CheckpointProperties, CompletedCheckpoint, Handle, PendingCheckpoint,
                                  TaskAcknowledgeResult)
-from twophase.decisions import (AbortHandles, Action, CheckSuperseded, CommitHandles, CommitOutcome, CommitUpTo, Event,
+from twophase.decisions import (AbortHandles, Action, CheckSuperseded, CommitHandles, CommitOutcome, CommitUpTo,
+                                DeclineWriteJob, Event,
                                 Facts, Handles, Outcome, Prune, Refuse, RefuseResolve, Sweep, TakeAcks, WriteAborted,
                                 WriteCommitted, WriteCompleted, WriteLost, WritePending, decide)
 from twophase.errors import CheckpointDeclinedError, ConfigurationError, DataLossError, QueryMismatchError
@@ -417,6 +418,36 @@ class CheckpointCoordinator:
             facts = Facts(below_highest=highest is not None and checkpoint_id < highest, reason=reason)
             self._run(Event.SPARK_ABORT_BATCH, call.state, facts, call)
 
+    # ---- batch writes (df.write): a log per write, one id per run (twophase.write_job)
+
+    def complete_write_job(self, checkpoint_id: int, acks: Sequence[Optional[Ack]],
+                           expected_tasks: Iterable[str]) -> CommitOutcome:
+        """Spark's driver commit of a batch write's run ``checkpoint_id`` (its PENDING record was written
+        when the job was planned). Like :meth:`complete_batch`, but a record that a newer run took over
+        (ABORTED) or that is gone is never reopened: the acks are aborted and CheckpointDeclinedError raised."""
+        present = [a for a in acks if a is not None]
+        with self._lock, self.log.locked():
+            call = self._read(checkpoint_id, handles=[a.handle for a in present], acks=present,
+                              expected_tasks=frozenset(str(t) for t in expected_tasks))
+            outcome = self._run(Event.WRITE_JOB_COMMIT, call.state, Facts(), call)
+            assert outcome is not None, "every WRITE_JOB_COMMIT decision ends with an outcome or raises"
+            return outcome
+
+    def abort_write_job(self, checkpoint_id: int, acks: Sequence[Optional[Ack]], reason: str) -> None:
+        """Spark's driver abort of a batch write's run: abort every prepared handle, record ABORTED and
+        sweep what failed attempts left (ids <= this run's: no later run exists while this one is PENDING)."""
+        with self._lock, self.log.locked():
+            call = self._read(checkpoint_id, handles=[a.handle for a in acks if a is not None])
+            self._run(Event.WRITE_JOB_ABORT, call.state, Facts(reason=reason), call)
+
+    def take_over_write_job(self, checkpoint_id: int, reason: str) -> None:
+        """Abort the unfinished (PENDING) run ``checkpoint_id`` of a batch write that a new run replaces,
+        and sweep its staged data. The old run, if it is still alive, is declined at its commit (its
+        compare-and-swap from PENDING fails, or it reads ABORTED): it can never commit afterwards."""
+        with self._lock, self.log.locked():
+            call = self._read(checkpoint_id)
+            self._run(Event.WRITE_JOB_TAKE_OVER, call.state, Facts(reason=reason), call)
+
     # ---- the executor: the only place that writes a checkpoint record or reaches the sink
 
     def _read(self, checkpoint_id: int, **kw: Any) -> _Call:
@@ -516,6 +547,11 @@ class CheckpointCoordinator:
         elif isinstance(action, Refuse):
             check_transition(call.state, action.target, what=f"checkpoint {cid} of sink {self.log.sink_id!r}")
             raise AssertionError(f"{action} for an allowed move")  # pragma: no cover - the table refuses it
+        elif isinstance(action, DeclineWriteJob):
+            why = (call.record.reason if call.record is not None and call.record.reason else "its record is gone")
+            raise CheckpointDeclinedError(
+                f"run {cid} of batch write {self.log.sink_id!r} was not committed: {why}. A newer run of the same "
+                "write took it over (it aborted this one, which never commits); its acks were aborted", retriable=False)
         elif isinstance(action, RefuseResolve):
             raise ConfigurationError(
                 f"checkpoint {cid} of sink {self.log.sink_id!r} is "

@@ -68,6 +68,22 @@ ends the list; a ``[fact]`` splits a cell)::
     RESOLVE_LOST        COMPLETED                      WriteLost(reason)     (invariant 7, by an operator)
     (operator)          ∅, PENDING, COMMITTED,         RefuseResolve
                         ABORTED, LOST
+    WRITE_JOB_COMMIT    PENDING                        TakeAcks     (the record the job's planning wrote)
+    (a batch write,     COMPLETED                      AbortHandles(UNRECORDED), CommitUpTo, Outcome(RECOVERED)
+    df.write: its       COMMITTED                      AbortHandles(UNRECORDED), Sweep(best effort),
+    PENDING record was                                 Outcome(ALREADY_COMMITTED)
+    written when the    LOST                           AbortHandles(UNRECORDED), Outcome(ALREADY_COMMITTED)
+    job was planned)    ∅, ABORTED                     AbortHandles(ACKED), DeclineWriteJob   (taken over by a
+                                                       newer run: never reopened, unlike BATCH_COMMIT)
+    WRITE_JOB_ABORT     PENDING                        AbortHandles(ACKED), WriteAborted(reason), Sweep(best effort)
+    (Spark's abort of   ABORTED                        AbortHandles(ACKED), Sweep(best effort)
+    a batch write)      ∅                              AbortHandles(ACKED)
+                        COMPLETED, COMMITTED, LOST     AbortHandles(UNRECORDED)
+    WRITE_JOB_TAKE_OVER PENDING                        AbortHandles(RECORDED, recovering), WriteAborted(reason),
+    (an unfinished run                                 Sweep(best effort)
+    of a batch write    ABORTED                        Sweep(best effort)
+    that a new run      ∅, COMPLETED, COMMITTED, LOST  —   (COMPLETED is committed by RECOVER, never taken over)
+    replaces)
 
 ``TakeAcks`` hands the acks to a fresh PendingCheckpoint (in memory); each rejected ack is an
 ACK_REJECTED event, a missing one an ABORT event (then CheckpointDeclinedError), and a full set the
@@ -81,6 +97,11 @@ Spark's abort of a batch with no record writes ABORTED directly (``∅ -> ABORTE
 compare-and-swap against "absent", so a record another driver created meanwhile is never replaced),
 while log invariant 6 is untouched (ABORTED is finished). Recording nothing was the other choice; it
 would lose the abort's reason from ``twophase log inspect``.
+
+A batch write (:mod:`twophase.write_job`) is a log of its own whose ids are its runs, one after the
+other: a run is planned only once every earlier id is final, so its Sweep (ids <= its own) never reaches
+a later run's data, and a run whose record was taken over is declined at commit instead of reopened,
+which is what makes a second run of one write id safe while the first one may still be alive.
 """
 
 from __future__ import annotations
@@ -128,6 +149,9 @@ class Event(str, enum.Enum):
     SPARK_ABORT_BATCH = "SPARK_ABORT_BATCH"
     QUERY_MISMATCH = "QUERY_MISMATCH"
     RESOLVE_LOST = "RESOLVE_LOST"
+    WRITE_JOB_COMMIT = "WRITE_JOB_COMMIT"
+    WRITE_JOB_ABORT = "WRITE_JOB_ABORT"
+    WRITE_JOB_TAKE_OVER = "WRITE_JOB_TAKE_OVER"
 
 
 @dataclass(frozen=True)
@@ -246,8 +270,14 @@ class RefuseResolve:
     """Only a COMPLETED checkpoint can be resolved as lost: raise ConfigurationError."""
 
 
+@dataclass(frozen=True)
+class DeclineWriteJob:
+    """A batch write's run whose PENDING record a newer run took over (or that is gone): raise
+    CheckpointDeclinedError; nothing of this run is committed."""
+
+
 Action = Union[WritePending, WriteCompleted, WriteCommitted, WriteAborted, WriteLost, CommitHandles, AbortHandles,
-               Sweep, Prune, CommitUpTo, CheckSuperseded, TakeAcks, Outcome, Refuse, RefuseResolve]
+               Sweep, Prune, CommitUpTo, CheckSuperseded, TakeAcks, Outcome, Refuse, RefuseResolve, DeclineWriteJob]
 
 #: Every record state, with None for "no record".
 STATES: tuple[Optional[CheckpointState], ...] = (None, *CheckpointState)
@@ -308,6 +338,27 @@ def decide(event: Event, state: Optional[CheckpointState], facts: Facts = Facts(
         return [AbortHandles(Handles.ACKED)]
     if event is Event.RESOLVE_LOST:
         return [WriteLost(f"data loss accepted: {facts.reason}")] if state is S.COMPLETED else [RefuseResolve()]
+    if event is Event.WRITE_JOB_COMMIT:
+        if state is S.PENDING:
+            return [TakeAcks()]
+        if state is S.COMPLETED:
+            return [AbortHandles(Handles.UNRECORDED), CommitUpTo(), Outcome(CommitOutcome.RECOVERED)]
+        if state is S.COMMITTED:
+            return [AbortHandles(Handles.UNRECORDED), Sweep(best_effort=True), Outcome(CommitOutcome.ALREADY_COMMITTED)]
+        if state is S.LOST:
+            return [AbortHandles(Handles.UNRECORDED), Outcome(CommitOutcome.ALREADY_COMMITTED)]
+        return [AbortHandles(Handles.ACKED), DeclineWriteJob()]
+    if event is Event.WRITE_JOB_ABORT:
+        if state is S.PENDING:
+            return [AbortHandles(Handles.ACKED), WriteAborted(_reason(facts)), Sweep(best_effort=True)]
+        if state is S.ABORTED:
+            return [AbortHandles(Handles.ACKED), Sweep(best_effort=True)]
+        return [AbortHandles(Handles.ACKED if state is None else Handles.UNRECORDED)]
+    if event is Event.WRITE_JOB_TAKE_OVER:
+        if state is S.PENDING:
+            return [AbortHandles(Handles.RECORDED, recovering=True), WriteAborted(_reason(facts)),
+                    Sweep(best_effort=True)]
+        return [Sweep(best_effort=True)] if state is S.ABORTED else []
     raise AssertionError(f"no decision for {event}")  # pragma: no cover - every Event is handled above
 
 

@@ -163,6 +163,8 @@ class LocalLogStore(LogStore):
         directory = os.path.dirname(path)
         tmp = None
         try:
+            if not os.path.isdir(directory):  # a nested name (write-jobs/open/...): its folder, durably
+                makedirs_durable(directory)
             tmp = self._write_temp(path, data)
             os.replace(tmp, path)
             fsync_dir(directory)

@@ -275,6 +275,26 @@ class SinkSpec(abc.ABC, Generic[C]):
     #: commit too, not only at the recovery before the next micro-batch (which may never come).
     sweep_after_commit: bool = False
 
+    #: batch writes (``df.write.format(...)``, SQL ``INSERT INTO``) are supported: the spec is an options
+    #: dataclass with ``sink_id`` and ``log_location`` fields (see :meth:`write_job_spec`)
+    supports_write_jobs: ClassVar[bool] = False
+
+    def write_job_spec(self, key: str) -> "SinkSpec[C]":
+        """The spec of one batch write of this sink (:mod:`twophase.write_job`): its own sink id
+        ``<sink id>#write:<key>``, so every name it creates carries its own token and no sweep of it (or of
+        the streaming query on the same destination, or of another batch write) reaches another's data,
+        and its own log at ``<this sink's log>/write-jobs/<key>``. Refused where :attr:`supports_write_jobs`
+        is False."""
+        if not self.supports_write_jobs:
+            raise ConfigurationError(
+                f"{type(self).__name__} does not take batch writes (df.write / INSERT INTO); write with a streaming "
+                "query instead: spark.readStream...writeStream.trigger(availableNow=True) gives the same exactly-once "
+                "backfill, its checkpoint making a re-run idempotent")
+        options = getattr(self, "options")
+        base_log = self.transaction_log().location.rstrip("/")
+        return type(self)(dataclasses.replace(options, sink_id=f"{self.sink_id}#write:{key}",  # type: ignore[call-arg]
+                                              log_location=f"{base_log}/write-jobs/{key}"))
+
     def validate_destination(self) -> None:
         """Fail early, on the driver before any data moves, if the destination cannot work (unreachable,
         missing, refused settings), with an error that names the option and the fix. Default: nothing."""

@@ -32,13 +32,18 @@ from twophase._versions import require
 
 require("pyspark", what="twophase's Spark formats (DataSourceStreamArrowWriter)")
 
-from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage  # noqa: E402
+from pyspark.sql.datasource import (DataSource, DataSourceArrowWriter, DataSourceStreamArrowWriter,  # noqa: E402
+                                    WriterCommitMessage)
 from pyspark.sql.types import StructType
 
 from twophase._logging import get_logger
 from twophase.coordinator import CheckpointCoordinator
 from twophase.errors import ConfigurationError
+from twophase.options import parse_options
 from twophase.sink import Ack, Guarantee, TransactionContext, SinkSpec, run_task
+from twophase.write_job import WRITE_JOB_OPTIONS, WriteJob, abort_write_job, commit_write_job, plan_write_job
+
+_WRITE_JOB_KEYS = frozenset(o.lookup_key for o in WRITE_JOB_OPTIONS)
 
 _log = get_logger(__name__)
 
@@ -78,7 +83,7 @@ class TwoPhaseCommitMessage(WriterCommitMessage):
 
 
 def _acks(messages: List[Optional[WriterCommitMessage]]) -> list[Optional[Ack]]:
-    return [m.to_ack() if isinstance(m, TwoPhaseCommitMessage) else None for m in messages]
+    return [m.to_ack() if isinstance(m, TwoPhaseCommitMessage) and m.ack else None for m in messages]
 
 
 def prepare_sink(sink: SinkSpec[Any], owner: Optional[str], *, what: str) -> None:
@@ -143,6 +148,28 @@ class TwoPhaseStreamWriter(DataSourceStreamArrowWriter):
         CheckpointCoordinator(self.sink).abort_batch(batchId, _acks(messages), "a Spark task failed")
 
 
+class TwoPhaseBatchWriter(DataSourceArrowWriter):
+    """Drives one run of a batch write (``df.write``, ``INSERT INTO``; see :mod:`twophase.write_job`):
+    ``writer()`` planned it on the driver; executors run ``write``; the driver runs ``commit`` or ``abort`` once."""
+
+    def __init__(self, job: WriteJob) -> None:
+        self.job = job
+
+    def write(self, iterator: Iterator[Any]) -> TwoPhaseCommitMessage:
+        if self.job.skip:  # the write committed before: read nothing into it, commit nothing
+            for _ in iterator:
+                pass
+            return TwoPhaseCommitMessage({})
+        ack = run_task(self.job.spec, task_context(self.job.spec, self.job.checkpoint_id), iterator)
+        return TwoPhaseCommitMessage(ack.to_json())
+
+    def commit(self, messages: List[Optional[WriterCommitMessage]]) -> None:
+        commit_write_job(self.job, _acks(messages))
+
+    def abort(self, messages: List[Optional[WriterCommitMessage]]) -> None:
+        abort_write_job(self.job, _acks(messages), "the Spark job failed")
+
+
 class TwoPhaseSinkDataSource(DataSource, abc.ABC):
     """Base of every twophase Spark format that writes: subclasses set ``short_name``, ``spec_class`` and
     ``build_sink``, and refuse columns the sink cannot write in ``check_sink_columns``."""
@@ -163,7 +190,45 @@ class TwoPhaseSinkDataSource(DataSource, abc.ABC):
     def build_sink(self, schema: StructType) -> SinkSpec[Any]:
         """Validate ``self.options`` and build the sink (driver side; raises ConfigurationError)."""
 
+    def schema(self) -> StructType:
+        """Asked by ``CREATE TEMPORARY VIEW v USING <format>`` without a column list: a sink has no schema
+        of its own to offer (subclasses whose destination has one override this)."""
+        raise ConfigurationError(
+            f"{self.short_name} is a sink and has no schema of its own: name the view's columns, "
+            f"CREATE TEMPORARY VIEW v (id BIGINT, ...) USING {self.short_name} OPTIONS (...), then INSERT INTO v")
+
+    def writer(self, schema: StructType, overwrite: bool) -> TwoPhaseBatchWriter:
+        """A batch write (``df.write.format(...).mode("append")``, SQL ``INSERT INTO``): planned here, on the
+        driver, before any data moves (see :mod:`twophase.write_job`)."""
+        if not self.options:
+            raise ConfigurationError(
+                f"{self.short_name}: the batch write got no options. Spark does not hand a SQL table's OPTIONS to a "
+                f"Python data source's writer (CREATE TABLE ... USING {self.short_name} then INSERT INTO); use a "
+                f"temporary view: CREATE TEMPORARY VIEW v (<columns>) USING {self.short_name} OPTIONS (path '...'), "
+                "then INSERT INTO v SELECT ..., or df.write.format(...).option('path', ...).mode('append').save()")
+        if overwrite:
+            raise ConfigurationError(
+                f"{self.short_name}: mode('overwrite') / INSERT OVERWRITE is not supported (it would have to remove what "
+                "is there); use mode('append'), or write to a new path")
+        job_raw = {k: v for k, v in self.options.items() if k.lower() in _WRITE_JOB_KEYS}
+        job_opts = parse_options(job_raw, WRITE_JOB_OPTIONS, sink=self.short_name)
+        sink_options = self.options
+        self.options = type(sink_options)({k: v for k, v in sink_options.items() if k.lower() not in _WRITE_JOB_KEYS})
+        try:
+            sink = self.build_sink(schema)
+        finally:
+            self.options = sink_options
+        if sink.guarantee is not Guarantee.AT_LEAST_ONCE and not sink.supports_write_jobs:
+            sink.write_job_spec("-")  # raises: names the streaming way
+        return TwoPhaseBatchWriter(plan_write_job(sink, write_id=job_opts["writeId"],
+                                                  abandon_after_ms=job_opts["batch.abandonAfter"]))
+
     def streamWriter(self, schema: StructType, overwrite: bool) -> TwoPhaseStreamWriter:
+        given = sorted(k for k in self.options if k.lower() in _WRITE_JOB_KEYS)
+        if given:
+            raise ConfigurationError(
+                f"{self.short_name}: option(s) {', '.join(given)} are for batch writes (df.write); a streaming query is "
+                "idempotent through its checkpointLocation: remove them")
         if overwrite:  # Spark asks a sink to truncate for outputMode("complete")
             raise ConfigurationError(
                 f"{self.short_name}: outputMode('complete') is not supported (each micro-batch would be appended, "
