@@ -224,7 +224,8 @@ class TwoPhaseSinkDataSource(DataSource, abc.ABC):
                                                   abandon_after_ms=job_opts["batch.abandonAfter"]))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> TwoPhaseStreamWriter:
-        given = sorted(k for k in self.options if k.lower() in _WRITE_JOB_KEYS)
+        keys = {k.lower() for k in self.options}
+        given = [o.key for o in WRITE_JOB_OPTIONS if o.lookup_key in keys]
         if given:
             raise ConfigurationError(
                 f"{self.short_name}: option(s) {', '.join(given)} are for batch writes (df.write); a streaming query is "

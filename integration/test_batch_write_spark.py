@@ -1,0 +1,155 @@
+"""Batch writes (``df.write.format("twophase-file")``, ``INSERT INTO`` a temporary view) on a real local
+Spark: idempotent re-runs by write id, failed task attempts, SQL, refusals, and the driver SIGKILLed at
+each protocol point then the write re-run (see :mod:`twophase.write_job`).
+
+One SparkSession for the in-process tests; each crash test runs the job in its own process session.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from integration.fileio import check_exactly_once, read_ids, staging_leftovers
+from integration.jobrun import job_env, run_in_own_session
+from twophase.sinks.files import FileSink
+from twophase.write_job import open_writes
+
+pytestmark = pytest.mark.spark
+
+JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jobs", "batch_write_job.py")
+
+
+@pytest.fixture(scope="module")
+def spark():
+    from integration.spark_session import make_spark
+    s = make_spark("twophase-batch-write-tests")
+    yield s
+    s.stop()
+
+
+def _ids(spark, lo, hi, parts=3):
+    return spark.range(lo, hi, numPartitions=parts).selectExpr("id", "concat('g', id % 3) AS grp")
+
+
+def _error_text(excinfo) -> str:
+    return str(excinfo.value)
+
+
+def test_batch_write_appends_and_a_write_id_makes_a_rerun_write_nothing(spark, tmp_path):
+    out = str(tmp_path / "out")
+    _ids(spark, 0, 300).write.format("twophase-file").mode("append").save(out)
+    _ids(spark, 300, 600).write.format("twophase-file").mode("append").option("writeId", "backfill-1").save(out)
+    _ids(spark, 300, 600).write.format("twophase-file").mode("append").option("writeId", "backfill-1").save(out)
+    report = check_exactly_once(list(range(600)), read_ids(out))
+    assert report.ok, report.line()
+    assert staging_leftovers(out) == [] and open_writes(FileSink.from_options({"path": out})) == []
+
+
+def test_batch_write_a_failed_job_leaves_nothing_and_its_rerun_writes_once(spark, tmp_path):
+    out = str(tmp_path / "out")
+    marker = tmp_path / "failed-once"
+
+    def flaky(batches):
+        from pyspark import TaskContext
+        ctx = TaskContext.get()
+        for b in batches:
+            yield b
+        if ctx.partitionId() == 1 and not marker.exists():  # partition 1 dies after its rows (local: no retry)
+            marker.write_text("x")
+            raise RuntimeError("injected task failure")
+
+    df = _ids(spark, 0, 900).mapInArrow(flaky, "id long, grp string")
+    with pytest.raises(Exception, match="injected task failure"):
+        df.write.format("twophase-file").mode("append").option("writeId", "flaky").save(out)
+    assert read_ids(out) == [] and staging_leftovers(out) == []
+    df.write.format("twophase-file").mode("append").option("writeId", "flaky").save(out)
+    report = check_exactly_once(list(range(900)), read_ids(out))
+    assert report.ok, report.line()
+    assert staging_leftovers(out) == []
+
+
+def test_batch_write_insert_into_a_temporary_view(spark, tmp_path):
+    out = str(tmp_path / "out")
+    spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW tp_out (id BIGINT, grp STRING) USING `twophase-file` "
+              f"OPTIONS (path '{out}', writeId 'sql-1')")
+    spark.sql("INSERT INTO tp_out SELECT id, concat('g', id % 3) FROM range(0, 100)")
+    spark.sql("INSERT INTO tp_out SELECT id, concat('g', id % 3) FROM range(0, 100)")  # same writeId: nothing
+    assert sorted(read_ids(out)) == list(range(100))
+
+
+def test_batch_write_sql_table_and_overwrite_are_refused_with_the_way_out(spark, tmp_path):
+    out = str(tmp_path / "out")
+    spark.sql(f"CREATE TABLE tp_table (id BIGINT, grp STRING) USING `twophase-file` OPTIONS (path '{out}')")
+    try:
+        with pytest.raises(Exception) as e:
+            spark.sql("INSERT INTO tp_table SELECT id, 'g' FROM range(3)")
+        assert "TEMPORARY VIEW" in _error_text(e)
+    finally:
+        spark.sql("DROP TABLE IF EXISTS tp_table")
+    with pytest.raises(Exception) as e:
+        _ids(spark, 0, 10).write.format("twophase-file").mode("overwrite").save(out)
+    assert "mode('append')" in _error_text(e)
+    with pytest.raises(Exception) as e:  # Spark's own refusal of its default mode, before twophase is asked
+        _ids(spark, 0, 10).write.format("twophase-file").save(out)
+    assert "Append" in _error_text(e)
+    assert read_ids(out) == []
+
+
+def test_batch_write_options_refused_on_a_stream(spark, tmp_path):
+    src = str(tmp_path / "in")
+    _ids(spark, 0, 10).write.json(src)
+    q = (spark.readStream.schema("id LONG, grp STRING").json(src).writeStream.format("twophase-file")
+         .option("path", str(tmp_path / "out")).option("checkpointLocation", str(tmp_path / "ck"))
+         .option("writeId", "x").trigger(availableNow=True).start())
+    with pytest.raises(Exception, match="writeId are for batch writes"):
+        q.awaitTermination(120)
+
+
+# ---- the driver SIGKILLed at a protocol point, then the write re-run (its own process each time)
+
+POINTS = ["after_pre_commit", "after_complete", "mid_commit"]
+
+
+def _job(out, tmp_path, *, fault=None, write_id="crash", lo=0, hi=3000, extra=()):
+    cmd = [sys.executable, JOB, "--format", "twophase-file", "--option", f"path={out}", "--lo", str(lo), "--hi", str(hi),
+           *extra]
+    if write_id:
+        cmd += ["--write-id", write_id]
+    return run_in_own_session(cmd, env=job_env(fault, str(tmp_path / "fault-marker")), timeout=300,
+                              log_path=str(tmp_path / "job.log"))
+
+
+@pytest.mark.parametrize("point", POINTS)
+def test_batch_write_crash_then_rerun_of_the_same_write_is_exactly_once(tmp_path, point):
+    out = str(tmp_path / "out")
+    killed = _job(out, tmp_path, fault=f"{point}@0")
+    assert killed.returncode != 0 and (tmp_path / "fault-marker").exists(), "the fault did not fire"
+    assert _job(out, tmp_path).returncode == 0
+    report = check_exactly_once(list(range(3000)), read_ids(out))
+    assert report.ok, f"{point}: {report.line()}"
+    assert staging_leftovers(out) == [], point
+    assert open_writes(FileSink.from_options({"path": out})) == []
+
+
+def test_batch_write_crash_after_decision_is_finished_by_the_next_write_without_id(tmp_path):
+    out = str(tmp_path / "out")
+    killed = _job(out, tmp_path, fault="mid_commit@0", write_id="")
+    assert killed.returncode != 0 and (tmp_path / "fault-marker").exists()
+    assert _job(out, tmp_path, write_id="", lo=3000, hi=4000).returncode == 0  # another write, no id
+    report = check_exactly_once(list(range(4000)), read_ids(out))
+    assert report.ok, report.line()  # the dead write committed whole by the next one's planning
+    assert staging_leftovers(out) == []
+
+
+def test_batch_write_retried_task_attempts_count_once(tmp_path):
+    """Spark retries a task whose first attempt wrote its rows, then died (local[2,3]: 3 attempts per task)."""
+    out = str(tmp_path / "out")
+    run = _job(out, tmp_path, extra=["--master", "local[2,3]", "--fail-first-attempt", "1"])
+    assert run.returncode == 0, (tmp_path / "job.log").read_text()[-3000:]
+    assert "injected task failure" in (tmp_path / "job.log").read_text()
+    report = check_exactly_once(list(range(3000)), read_ids(out))
+    assert report.ok, report.line()
+    assert staging_leftovers(out) == []
