@@ -61,6 +61,8 @@ DEFAULT_MIN_IDLE_MS = 5 * 60_000
 #: the transaction timeout sent with InitProducerId when fencing: the id is left Empty, so it matters only
 #: until the sink initialises the id again with its own (every broker accepts one minute)
 FENCE_TIMEOUT_MS = 60_000
+#: how long an id may stay PrepareAbort after its fence before the abort counts as failed
+VERIFY_WAIT_S = 10.0
 #: a schema stub with a 'topic' column: the command writes nothing, so the sink's option 'topic' is optional
 _ANY_TOPIC = types.SimpleNamespace(names=["topic", "value"])
 #: the sink id used to open a log whose sink id is read from the log itself
@@ -430,7 +432,7 @@ def _fence(client: Any, t: LingeringTransaction) -> None:
     except Exception as e:  # reported per id; the others go on
         t.action, t.detail = "failed", f"fencing failed: {redact_text(str(e))}"
         return
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + VERIFY_WAIT_S
     after = (client.describe([t.transactional_id]) or {}).get(t.transactional_id)
     while after is not None and after.is_open and time.monotonic() < deadline:
         time.sleep(0.1)  # PrepareAbort -> CompleteAbort
