@@ -21,7 +21,12 @@ It exits 1 when it finds a problem, 0 otherwise. It only reads; the sink's own r
 
 ``twophase kafka list-transactions --bootstrap HOST:PORT [--prefix P] [--state S]`` lists the broker's
 transactions under a transactional id prefix (ListTransactions); it only reads. A query aborts its own
-lingering transactions when it starts.
+lingering transactions when it starts; ``twophase kafka abort-lingering`` aborts those of a query that
+stays stopped, and refuses whatever could lose committed data (:mod:`twophase.sinks.kafka_cli`).
+
+``log inspect`` and ``log verify`` draw a progress line on stderr (:mod:`twophase._progress`) when stderr
+is a terminal or with ``--progress``; the functions behind them take a ``progress`` callback and never
+write to a stream themselves.
 """
 
 from __future__ import annotations
