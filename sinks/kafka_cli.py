@@ -47,7 +47,7 @@ import sys
 import time
 import types
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from twophase._logging import get_logger
 from twophase._redact import redact_text

@@ -18,7 +18,7 @@ from twophase.states import CheckpointState
 
 kafka_cli = pytest.importorskip("twophase.sinks.kafka_cli")
 from twophase.sinks._kafka_txn import TxnState  # noqa: E402
-from twophase.sinks.kafka import KafkaSink, owner_key  # noqa: E402
+from twophase.sinks.kafka import KafkaSink  # noqa: E402
 
 PREFIX = "pfx"
 HOUR = 3600.0
