@@ -73,6 +73,8 @@ class TxnState:
     producer_id: int
     epoch: int
     start_ms: int = -1
+    #: the topic-partitions the open transaction wrote to (DescribeTransactions' ``topics``), sorted
+    partitions: tuple[tuple[str, int], ...] = ()
 
     @property
     def is_open(self) -> bool:
@@ -221,8 +223,10 @@ class TxnClient:
                 row = rows.get(tid)
                 error = Errors.for_code(row.error_code) if row is not None else Errors.TransactionalIdNotFoundError
                 if error is Errors.NoError:
+                    parts = tuple(sorted((str(t.topic), int(p)) for t in (getattr(row, "topics", None) or ())
+                                         for p in (t.partitions or ())))
                     out[tid] = TxnState(str(row.transaction_state), int(row.producer_id), int(row.producer_epoch),
-                                        int(row.transaction_start_time_ms))
+                                        int(row.transaction_start_time_ms), parts)
                 elif error is Errors.TransactionalIdNotFoundError:
                     out[tid] = None
                 elif error in _RETRIABLE:
@@ -304,6 +308,26 @@ def verify_committed(config: Mapping[str, Any], partitions: Iterable[Mapping[str
     finally:
         consumer.close()
     return missing
+
+
+def stable_offsets(config: Mapping[str, Any], partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], tuple[int, int]]:
+    """``{(topic, partition): (last stable offset, high watermark)}``: the end offsets a read_committed
+    and a read_uncommitted reader see. An open transaction holds the LSO at its first record; when no
+    transaction is open on the partition both are equal."""
+    tps = sorted({(str(t), int(p)) for t, p in partitions})
+    if not tps:
+        return {}
+    consumer_keys = set(KafkaConsumer.DEFAULT_CONFIG)
+    kwargs = {k: v for k, v in config.items() if k in consumer_keys}
+    ends: dict[str, dict[TopicPartition, int]] = {}
+    for isolation in ("read_committed", "read_uncommitted"):
+        consumer = KafkaConsumer(**kwargs, isolation_level=isolation, enable_auto_commit=False, group_id=None)
+        try:
+            ends[isolation] = consumer.end_offsets([TopicPartition(t, p) for t, p in tps])
+        finally:
+            consumer.close()
+    return {(t, p): (int(ends["read_committed"].get(TopicPartition(t, p), -1)),
+                     int(ends["read_uncommitted"].get(TopicPartition(t, p), -1))) for t, p in tps}
 
 
 _CLIENTS: dict[tuple, TxnClient] = {}

@@ -21,19 +21,26 @@ It exits 1 when it finds a problem, 0 otherwise. It only reads; the sink's own r
 
 ``twophase kafka list-transactions --bootstrap HOST:PORT [--prefix P] [--state S]`` lists the broker's
 transactions under a transactional id prefix (ListTransactions); it only reads. A query aborts its own
-lingering transactions when it starts.
+lingering transactions when it starts; ``twophase kafka abort-lingering`` aborts those of a query that
+stays stopped, and refuses whatever could lose committed data (:mod:`twophase.sinks.kafka_cli`).
+
+``log inspect`` and ``log verify`` draw a progress line on stderr (:mod:`twophase._progress`) when stderr
+is a terminal or with ``--progress``; the functions behind them take a ``progress`` callback and never
+write to a stream themselves.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import importlib
 import json
 import os
 import sys
-from typing import Any, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
+from twophase._progress import Progress, ProgressCallback, progress_enabled
 from twophase._redact import redact_json, redact_mapping, redact_text
 from twophase.errors import TwoPhaseError
 from twophase.log import TransactionLog
@@ -62,17 +69,25 @@ def _fmt_ts(ts: Optional[float]) -> str:
     return "" if not ts else _dt.datetime.fromtimestamp(ts, _dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
 
 
-def inspect_log(location: str, sink_id: Optional[str] = None) -> dict[str, Any]:
+def inspect_log(location: str, sink_id: Optional[str] = None, *,
+                progress: Optional[ProgressCallback] = None) -> dict[str, Any]:
     """Everything the log at ``location`` says, as plain data, redacted (:mod:`twophase._redact`): no
     secret is shown even if a record held one (handles and the owner / query records by field name,
-    every string for embedded secrets such as ``user:password@`` in a URL)."""
+    every string for embedded secrets such as ``user:password@`` in a URL). ``progress`` is called with
+    ``(records read, records)`` as the walk goes (the CLI's indicator; nothing is written here)."""
     location = _resolve_log_location(location, sink_id)
     log = TransactionLog.open(location, sink_id or "?")
     owner = log.owner()
     if sink_id is None:
         log = TransactionLog.open(location, _recorded_sink_id(location) if log.store.list("checkpoints/") else "?")
     checkpoints = []
-    for rec in log.records():
+    ids = log.checkpoint_ids()
+    for i, cid in enumerate(ids, 1):
+        rec = log.get(cid)
+        if progress is not None:
+            progress(i, len(ids))
+        if rec is None:  # pruned between the listing and the read
+            continue
         ts = rec.timestamps
         d = rec.to_json()
         d["records"] = sum(int(h.get("records", 0) or 0) for h in rec.handles.values())
@@ -116,17 +131,19 @@ class _NoSink:
         self.sink_id = sink_id
 
 
-def verify_log(location: str, sink_id: Optional[str] = None) -> dict[str, Any]:
-    """Checksums of every record, and (for a twophase-file output path) staged leftovers and uncommitted files."""
+def verify_log(location: str, sink_id: Optional[str] = None, *,
+               progress: Optional[ProgressCallback] = None) -> dict[str, Any]:
+    """Checksums of every record, and (for a twophase-file output path) staged leftovers and uncommitted files.
+    ``progress`` is called with ``(objects checked, objects)`` (the CLI's indicator; nothing is written here)."""
     from twophase.errors import LogCorruptError
     from twophase.log import decode_record
     where = _resolve_log_location(location, sink_id)
     log = TransactionLog.open(where, sink_id or "?")
     names = [*log.store.list("checkpoints/"), "owner.json", "query.json"]
     corrupt: list[str] = []
-    for i, name in enumerate(names):
-        if i and i % 5000 == 0:
-            sys.stderr.write(f"\rtwophase: verified {i}/{len(names)} log objects")
+    for i, name in enumerate(names, 1):
+        if progress is not None:
+            progress(i, len(names))
         data = log.store.get(name)
         if data is None or not name.endswith(".json"):
             continue
@@ -134,8 +151,6 @@ def verify_log(location: str, sink_id: Optional[str] = None) -> dict[str, Any]:
             decode_record(data, name)
         except LogCorruptError as e:
             corrupt.append(redact_text(str(e)))
-    if len(names) >= 5000:
-        sys.stderr.write("\n")
     report: dict[str, Any] = {"location": redact_text(log.location), "objects": len(names), "corrupt": corrupt,
                               "staged_leftovers": [], "uncommitted_files": []}
     if not corrupt and os.path.isdir(location) and where != location:
@@ -189,6 +204,24 @@ def _print_table(info: dict[str, Any], out: Any) -> None:
         out.write("(no checkpoints)\n")
 
 
+def _progress_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="a progress line on stderr while the log is read (default: only when stderr is a "
+                             "terminal)")
+
+
+@contextlib.contextmanager
+def _progress(args: argparse.Namespace, label: str) -> Iterator[Optional[Progress]]:
+    """The indicator the command asked for (``--progress``, or stderr is a TTY), ended when the walk ends."""
+    flag = getattr(args, "progress", None)
+    if not progress_enabled(flag, sys.stderr):
+        yield None
+        return
+    # asked for explicitly: drawn from the first record; on a bare TTY only for walks that take a while
+    with Progress(label, sys.stderr, delay=0.0 if flag else 0.5) as progress:
+        yield progress
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="twophase", description="twophase: exactly-once sinks for Spark")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -198,6 +231,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     insp.add_argument("location", help="log directory, or a twophase-file output path")
     insp.add_argument("--json", action="store_true", help="print JSON instead of a table")
     insp.add_argument("--sink-id", help="sink id (default: the log's owner record)")
+    _progress_flag(insp)
     res = log_sub.add_parser("resolve", help="record a COMPLETED checkpoint that can never commit as LOST")
     res.add_argument("location", help="log directory, or a file/Delta sink's output path")
     res.add_argument("--checkpoint", type=int, required=True, help="the checkpoint (batch) id DataLossError named")
@@ -208,6 +242,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ver = log_sub.add_parser("verify", help="check every record's checksum and, for a file sink, look for orphans")
     ver.add_argument("location", help="log directory, or a twophase-file output path")
     ver.add_argument("--sink-id", help="sink id (default: the log's owner record)")
+    _progress_flag(ver)
     met = sub.add_parser("metrics", help="a sink's metrics from its log (see twophase.metrics)")
     met.add_argument("location", help="log directory, or a file/Delta sink's output path")
     met.add_argument("--sink-id", help="sink id (default: the log's owner record)")
@@ -221,7 +256,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "log" and args.log_command == "verify":
-            report = verify_log(args.location, args.sink_id)
+            with _progress(args, "verified log objects") as progress:
+                report = verify_log(args.location, args.sink_id, progress=progress)
             json.dump(report, sys.stdout, indent=2)
             sys.stdout.write("\n")
             return 0 if report["ok"] else 1
@@ -233,7 +269,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if getattr(args, "handler", None) is not None:
             return int(args.handler(args))
         if args.command == "log" and args.log_command == "inspect":
-            info = inspect_log(args.location, args.sink_id)
+            with _progress(args, "read checkpoint records") as progress:
+                info = inspect_log(args.location, args.sink_id, progress=progress)
             if args.json:
                 json.dump(info, sys.stdout, indent=2, default=str)
                 sys.stdout.write("\n")

@@ -60,6 +60,12 @@ class QueryMismatchError(ConcurrentWriterError):
     ids restart at 0); nothing is committed. Give the new query its own ``sink.id``, or restore the old checkpoint."""
 
 
+class OperatorRefusedError(TwoPhaseError):
+    """An operator command refused to act because acting now could lose committed data or race a running query
+    (e.g. ``twophase kafka abort-lingering`` while a checkpoint is COMPLETED but not committed). Nothing was
+    changed; the message names what to run instead, or the flag that states the missing fact."""
+
+
 class CheckpointDeclinedError(TwoPhaseError):
     """A task declined a checkpoint (or a checkpoint could not complete); it was aborted, nothing of it committed."""
 
