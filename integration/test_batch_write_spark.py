@@ -153,3 +153,38 @@ def test_batch_write_retried_task_attempts_count_once(tmp_path):
     report = check_exactly_once(list(range(3000)), read_ids(out))
     assert report.ok, report.line()
     assert staging_leftovers(out) == []
+
+
+# ---- S3 and Delta: the same write ids, the same registry
+
+@pytest.mark.s3
+def test_batch_write_to_s3_with_a_write_id_commits_once(spark, s3_server):
+    import pyarrow.parquet as pq
+    from io import BytesIO
+    bucket = s3_server.new_bucket()
+    url = f"s3://{bucket}/out"
+    for _ in range(2):
+        w = _ids(spark, 0, 600).write.format("twophase-s3").mode("append").option("path", url).option("writeId", "s3-1")
+        for k, v in s3_server.options().items():
+            w = w.option(k, v)
+        w.save()
+    client = s3_server.client()
+    keys = [o["Key"] for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix="out/")
+            for o in page.get("Contents", ()) if o["Key"].endswith(".parquet") and "/_twophase/" not in o["Key"]]
+    ids = [i for k in keys for i in pq.read_table(BytesIO(client.get_object(Bucket=bucket, Key=k)["Body"].read()))
+           .column("id").to_pylist()]
+    report = check_exactly_once(list(range(600)), ids)
+    assert report.ok, report.line()
+    assert client.list_multipart_uploads(Bucket=bucket, Prefix="out/").get("Uploads", []) == []
+
+
+def test_batch_write_to_delta_one_commit_per_write(spark, tmp_path):
+    from deltalake import DeltaTable
+    table = str(tmp_path / "table")
+    for write_id in ("d-1", "d-1", None):
+        w = _ids(spark, 0, 300).write.format("twophase-delta").mode("append").option("path", table)
+        (w.option("writeId", write_id) if write_id else w).save()
+    dt = DeltaTable(table)
+    ids = dt.to_pyarrow_table().column("id").to_pylist()
+    assert sorted(ids) == sorted(list(range(300)) * 2)  # d-1 once (its re-run wrote nothing), then the write without id
+    assert len(dt.history()) == 2 + (1 if dt.history()[-1].get("operation") == "CREATE TABLE" else 0)

@@ -18,6 +18,11 @@ A micro-batch is a checkpoint. Where each piece runs:
   the query id the tasks saw (Spark's ``sql.streaming.queryId``), checked against the log's binding
   wherever the checkpoint lives.
 - ``abort(messages, batchId)`` runs on the driver when a task failed: every prepared handle is aborted.
+
+A batch write (``df.write.format(...).mode("append")``, ``INSERT INTO`` a temporary view) goes through
+``writer()`` instead, once per job on the driver: it plans one run of the write
+(:func:`twophase.write_job.plan_write_job`), whose writer executors run as above; the driver's
+``commit(messages)`` / ``abort(messages)`` runs once (:class:`TwoPhaseBatchWriter`).
 """
 
 from __future__ import annotations
