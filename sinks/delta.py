@@ -186,6 +186,40 @@ class DeltaSinkOptions:
         return out or None
 
 
+def _nested_additions(table_t: Any, stream_t: Any, path: str) -> Optional[list[str]]:
+    """What ``stream_t`` adds to ``table_t`` (Delta type JSON, as ``Field.type.to_json()``): the dotted paths
+    of struct fields the table lacks (``[]``: the same type), or None where they differ otherwise (another
+    type, a field the stream lacks). Structs nest in structs, array elements and map values; a new field
+    is always nullable (the stream's schema is made nullable first), so older files read it as null."""
+    if isinstance(table_t, str) or isinstance(stream_t, str):
+        return [] if table_t == stream_t else None
+    kind = table_t.get("type")
+    if kind != stream_t.get("type"):
+        return None
+    if kind == "struct":
+        theirs = {f["name"]: f["type"] for f in table_t["fields"]}
+        ours = {f["name"]: f["type"] for f in stream_t["fields"]}
+        if set(theirs) - set(ours):
+            return None  # the stream dropped a field: refused, never written as a narrower struct
+        out: list[str] = []
+        for name, t in ours.items():
+            if name not in theirs:
+                out.append(f"{path}.{name}")
+                continue
+            sub = _nested_additions(theirs[name], t, f"{path}.{name}")
+            if sub is None:
+                return None
+            out.extend(sub)
+        return out
+    if kind == "array":
+        return _nested_additions(table_t["elementType"], stream_t["elementType"], f"{path}[]")
+    if kind == "map":
+        keys = _nested_additions(table_t["keyType"], stream_t["keyType"], f"{path}{{key}}")
+        values = _nested_additions(table_t["valueType"], stream_t["valueType"], f"{path}{{value}}")
+        return None if keys is None or values is None or keys else values
+    return [] if table_t == stream_t else None
+
+
 # --------------------------------------------------------------------------- where data files live
 
 
@@ -575,21 +609,28 @@ class DeltaSink(SinkSpec[DeltaCommittable]):
             raise ConfigurationError(f"twophase-delta: the table {self.uri} is partitioned by {missing_parts}, which the "
                                      "stream does not have")
         table_types = {f.name: f.type for f in dt.schema().fields}
-        new_fields = []
+        new_fields, added = [], []
         for f in dl.Schema.from_arrow(nullable).fields:
             if f.name not in table_types:
                 new_fields.append(f)
-            elif str(f.type) != str(table_types[f.name]):
+                added.append(f.name)
+                continue
+            grown = _nested_additions(json.loads(table_types[f.name].to_json()), json.loads(f.type.to_json()), f.name)
+            if grown is None:
                 raise ConfigurationError(f"twophase-delta: column {f.name!r} is {f.type} in the stream but "
                                          f"{table_types[f.name]} in the table {self.uri}; cast it in the query "
-                                         "(mergeSchema adds columns, it does not change types)")
+                                         "(mergeSchema adds columns and struct fields, it does not change types "
+                                         "or drop fields)")
+            if grown:
+                new_fields.append(f)  # Delta merges a struct column's new fields into the existing column
+                added.extend(grown)
         if new_fields and not self.options.merge_schema:
-            raise ConfigurationError(f"twophase-delta: the stream has columns {[f.name for f in new_fields]} that the "
+            raise ConfigurationError(f"twophase-delta: the stream has columns or struct fields {added} that the "
                                      f"table {self.uri} does not have; add .option('mergeSchema', 'true') to add them, "
                                      "or select the table's columns")
         if new_fields:
             dt.alter.add_columns(new_fields)
-            _log.info("delta_schema_merged", sink_id=self.sink_id, uri=self.uri, added=[f.name for f in new_fields])
+            _log.info("delta_schema_merged", sink_id=self.sink_id, uri=self.uri, added=added)
             dt = self._table()
         self.checks = table_checks(dt, schema)  # refuses what cannot be written correctly, before any write
 

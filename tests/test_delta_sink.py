@@ -353,3 +353,32 @@ def test_delta_stats_extreme_timestamps_never_fail_a_write_nor_bound_wrongly() -
     assert "ts" not in stats["maxValues"] and "ts" not in stats["minValues"]
     assert stats["maxValues"]["ntz"] == "9999-12-31T23:59:59.999"  # already a whole millisecond: exact
     assert stats["minValues"]["ns"] == "1970-01-01T00:00:01.000" and stats["maxValues"]["ns"] == "1970-01-01T00:00:02.001"
+
+
+def test_delta_sink_inv5_merge_schema_adds_nested_struct_fields(tmp_path) -> None:
+    from twophase.coordinator import CheckpointCoordinator as Coordinator
+    point = pa.struct([("x", pa.int64())])
+    old = pa.schema([("id", pa.int64()), ("s", point), ("l", pa.list_(point))])
+    uri = str(tmp_path / "nested")
+    first = DeltaSink.from_options({"path": uri}, old)
+    first.validate_destination()
+    first.transaction_log().claim("test")
+    first_rows = pa.record_batch([pa.array([1]), pa.array([{"x": 1}], point), pa.array([[{"x": 1}]], pa.list_(point))],
+                                 schema=old)
+    Coordinator(first).complete_batch(0, [run_task(first, TransactionContext(first.sink_id, 0, "0"), [first_rows])])
+    wider_point = pa.struct([("x", pa.int64()), ("y", pa.string())])
+    new = pa.schema([("id", pa.int64()), ("s", wider_point), ("l", pa.list_(wider_point))])
+    with pytest.raises(ConfigurationError, match=r"s\.y"):  # named, and refused without mergeSchema
+        DeltaSink.from_options({"path": uri}, new).validate_destination()
+    narrower = pa.schema([("id", pa.int64()), ("s", pa.struct([("y", pa.string())])), ("l", pa.list_(point))])
+    with pytest.raises(ConfigurationError, match="column 's'"):  # a dropped field is never merged
+        DeltaSink.from_options({"path": uri, "mergeSchema": "true"}, narrower).validate_destination()
+    second = DeltaSink.from_options({"path": uri, "mergeSchema": "true", "sink.id": "second"}, new)
+    second.validate_destination()
+    second.transaction_log().claim("test2")
+    Coordinator(second).complete_batch(0, [run_task(second, TransactionContext(second.sink_id, 0, "0"), [
+        pa.record_batch([pa.array([2]), pa.array([{"x": 2, "y": "b"}], wider_point),
+                         pa.array([[{"x": 2, "y": "b"}]], pa.list_(wider_point))], schema=new)])])
+    rows = sorted(DeltaTable(uri).to_pyarrow_table().to_pylist(), key=lambda r: r["id"])
+    assert rows == [{"id": 1, "s": {"x": 1, "y": None}, "l": [{"x": 1, "y": None}]},
+                    {"id": 2, "s": {"x": 2, "y": "b"}, "l": [{"x": 2, "y": "b"}]}]
