@@ -85,6 +85,20 @@ class StartByTimestamp:
         return "startingTimestamp" if self.all_partitions is not None else "startingOffsetsByTimestamp"
 
 
+@dataclass(frozen=True)
+class EndByTimestamp:
+    """The end of a batch read given as timestamps (options ``endingTimestamp`` or
+    ``endingOffsetsByTimestamp``): each partition ends before its earliest record at or after its
+    timestamp (Kafka's ListOffsets by time), or at its latest offset where there is none (as Spark)."""
+
+    all_partitions: Optional[int] = None
+    per_partition: Optional[Mapping[str, Mapping[str, int]]] = None
+
+    @property
+    def option(self) -> str:
+        return "endingTimestamp" if self.all_partitions is not None else "endingOffsetsByTimestamp"
+
+
 StartSpec = Union[str, Offsets, StartByTimestamp]
 """A parsed start: ``"earliest"``, ``"latest"``, offsets (-2 earliest, -1 latest), or timestamps."""
 
@@ -224,17 +238,20 @@ def resolve_start(spec: Any, partitions: list[tuple[str, int]], earliest: Mappin
     return unflatten(flat)
 
 
-def timestamps_to_look_up(spec: StartByTimestamp, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
-    """The timestamp (ms) to look up for each partition. ``startingOffsetsByTimestamp`` must name every
-    partition read and only those (as Spark requires), else a :class:`ConfigurationError` lists them."""
+def timestamps_to_look_up(spec: "StartByTimestamp | EndByTimestamp",
+                          partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
+    """The timestamp (ms) to look up for each partition. ``startingOffsetsByTimestamp`` and
+    ``endingOffsetsByTimestamp`` must name every partition read and only those (as Spark requires), else a
+    :class:`ConfigurationError` lists them."""
     if spec.all_partitions is not None:
         return {tp: spec.all_partitions for tp in partitions}
     given = flatten(spec.per_partition or {})
     _unknown_partitions(spec.per_partition or {}, partitions, spec.option)
     missing = [f"{t}-{p}" for t, p in partitions if (t, p) not in given]
     if missing:
-        raise ConfigurationError(f"twophase-kafka: option 'startingOffsetsByTimestamp' must give a timestamp for every "
-                                 f"partition read; missing: {missing} (or use startingTimestamp for all partitions)")
+        one = spec.option.replace("OffsetsByTimestamp", "Timestamp")
+        raise ConfigurationError(f"twophase-kafka: option {spec.option!r} must give a timestamp for every "
+                                 f"partition read; missing: {missing} (or use {one} for all partitions)")
     return {tp: given[tp] for tp in partitions}
 
 

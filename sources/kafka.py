@@ -44,7 +44,7 @@ import pyarrow as pa
 
 from twophase._kafka import CLIENTS, kafka_python_config, librdkafka_config
 from twophase.runtime.sources import Source
-from twophase.sources._kafka_offsets import (KafkaSplit, Offsets, StartByTimestamp, choose_start, delay_batch, flatten,
+from twophase.sources._kafka_offsets import (EndByTimestamp, KafkaSplit, Offsets, StartByTimestamp, choose_start, delay_batch, flatten,
                                              next_end, normalize, parse_ending_offsets, parse_starting_offsets,
                                              parse_timestamp, parse_timestamps, plan_splits, regressed, resolve_start,
                                              resolve_start_by_timestamp, timestamps_to_look_up, unflatten, LATEST,
@@ -86,6 +86,11 @@ SOURCE_OPTIONS: tuple[Option[Any], ...] = (
            help="a partition with no record at or after its timestamp: error, or latest (its latest offset)"),
     Option("endingOffsets", str, help="batch reads (spark.read) only: latest (default) or JSON "
                                       "{topic: {partition: offset}} (-1 latest)"),
+    Option("endingTimestamp", str, help="batch reads only: end every partition before its first record at or after "
+                                        "this time (ms since the epoch; its latest offset if none); wins over the "
+                                        "other ending options"),
+    Option("endingOffsetsByTimestamp", str, help="batch reads only: JSON {topic: {partition: ms}}, an end time per "
+                                                 "partition; wins over endingOffsets"),
     Option("failOnDataLoss", parse_bool, True,
            help="true: records deleted before they were read (retention, a recreated topic) fail the query; "
                 "false: skip them with a WARNING kafka_records_lost naming them"),
@@ -222,9 +227,10 @@ class KafkaSourceOptions:
         subscribe = tuple(t.strip() for t in (o["subscribe"] or "").split(",") if t.strip())
         if o["subscribePattern"]:
             _topic_pattern(o["subscribePattern"])
-        if not batch and o["endingOffsets"] is not None:
-            raise ConfigurationError(f"{SOURCE}: option 'endingOffsets' is for batch reads (spark.read); a stream "
-                                     "has no end: drop it, or run the stream with trigger(availableNow=True)")
+        for ending in ("endingOffsets", "endingTimestamp", "endingOffsetsByTimestamp"):
+            if not batch and o[ending] is not None:
+                raise ConfigurationError(f"{SOURCE}: option {ending!r} is for batch reads (spark.read); a stream "
+                                         "has no end: drop it, or run the stream with trigger(availableNow=True)")
         if batch:
             ignored = [k for k in _STREAM_ONLY if k.lower() in given]
             if ignored:
@@ -240,7 +246,7 @@ class KafkaSourceOptions:
             strategy=o["startingOffsetsByTimestampStrategy"])
         return cls(consumer_config=cfg, subscribe=subscribe, assign=assign, subscribe_pattern=o["subscribePattern"],
                    starting_offsets=start,
-                   ending_offsets=parse_ending_offsets(o["endingOffsets"]) if batch else "latest",
+                   ending_offsets=cls._ending(o) if batch else "latest",
                    max_offsets_per_trigger=o["maxOffsetsPerTrigger"],
                    min_offsets_per_trigger=o["minOffsetsPerTrigger"], max_trigger_delay_ms=o["maxTriggerDelay"],
                    min_partitions=o["minPartitions"], include_headers=o["includeHeaders"],
@@ -248,6 +254,16 @@ class KafkaSourceOptions:
                    fetch_offset_retries=o["fetchOffset.numRetries"],
                    fetch_offset_retry_interval_ms=o["fetchOffset.retryIntervalMs"],
                    group_id=group_id, librdkafka_group_id=librdkafka_group_id, client=o["kafkaClient"], batch=batch)
+
+    @staticmethod
+    def _ending(o: Mapping[str, Any]) -> Any:
+        """The end of a batch read in Spark's precedence: endingTimestamp, endingOffsetsByTimestamp, endingOffsets."""
+        if o["endingTimestamp"] is not None:
+            return EndByTimestamp(all_partitions=parse_timestamp(o["endingTimestamp"], option="endingTimestamp"))
+        if o["endingOffsetsByTimestamp"] is not None:
+            return EndByTimestamp(per_partition=parse_timestamps(o["endingOffsetsByTimestamp"],
+                                                                 option="endingOffsetsByTimestamp"))
+        return parse_ending_offsets(o["endingOffsets"])
 
     @staticmethod
     def _poll_timeout(o: Mapping[str, Any]) -> int:
@@ -442,13 +458,27 @@ class KafkaOffsetReader:
         latest = self._offsets("latest", tps) if spec.strategy == "latest" else {}
         return resolve_start_by_timestamp(spec, timestamps, found, latest)
 
+    def _end_by_timestamp(self, spec: EndByTimestamp, tps: list[tuple[str, int]],
+                          latest: Mapping[tuple[str, int], int]) -> dict[tuple[str, int], int]:
+        """Each partition's first offset at or after its timestamp (its latest offset where there is none),
+        never past the latest offset (with read_committed, the last stable offset)."""
+        from kafka import TopicPartition
+        timestamps = timestamps_to_look_up(spec, tps)
+        query = {TopicPartition(t, p): ms for (t, p), ms in timestamps.items()}
+        got = self._call(f"offsets for the times of {spec.option}", lambda c: c.offsets_for_times(query)) if query else {}
+        found = {(tp.topic, tp.partition): (None if ot is None else int(ot.offset)) for tp, ot in got.items()}
+        return {tp: latest[tp] if found.get(tp) is None else min(int(found[tp]), latest[tp]) for tp in tps}
+
     def ending_offset(self, start: Mapping[str, Mapping[str, int]]) -> Offsets:
-        """The end of a batch read (option endingOffsets): the latest offsets, or the JSON's (-1 latest;
-        a partition the JSON leaves out ends at its latest offset). An end below the start is an error."""
+        """The end of a batch read (options endingOffsets, endingTimestamp, endingOffsetsByTimestamp): the latest
+        offsets, the JSON's (-1 latest; a partition the JSON leaves out ends at its latest offset), or the
+        offsets at the timestamps. An end below the start is an error."""
         tps = self.topic_partitions()
         latest = self._offsets("latest", tps)
         spec = self.options.ending_offsets
-        if spec == "latest":
+        if isinstance(spec, EndByTimestamp):
+            end = self._end_by_timestamp(spec, tps, latest)
+        elif spec == "latest":
             end = latest
         else:
             unknown = [f"{t}-{p}" for t, parts in spec.items() for p in parts if (t, int(p)) not in set(tps)]

@@ -204,3 +204,20 @@ def test_kafka_spark_stream_reader_read_limits():
     reader._target = {"t": {"0": 4}}  # Trigger.AvailableNow: no minimum (nothing past the target comes)
     reader.latestOffset({}, ReadMaxRows(10))
     assert seen == [(10, 7, None), (10, 3, None), (None, None, None), (10, None, {"t": {"0": 4}})]
+
+
+def test_kafka_offset_reader_batch_end_by_timestamp():
+    """endingTimestamp / endingOffsetsByTimestamp (Spark's precedence over endingOffsets): each partition ends
+    before its first record at or after the time, at its latest offset where there is none."""
+    times = {("t", 0): [(0, 100), (1, 200), (2, 300)], ("t", 1): [(0, 100)]}
+    consumer = FakeConsumer({("t", 0): 0, ("t", 1): 0}, {("t", 0): 3, ("t", 1): 1}, times=times)
+    one = _reader({"endingTimestamp": "150", "endingOffsets": '{"t": {"0": 3}}'}, consumer, batch=True)
+    assert one.ending_offset({"t": {"0": 0, "1": 0}}) == {"t": {"0": 1, "1": 1}}
+    by = _reader({"endingOffsetsByTimestamp": '{"t": {"0": 250, "1": 50}}'}, consumer, batch=True)
+    assert by.ending_offset({"t": {"0": 0, "1": 0}}) == {"t": {"0": 2, "1": 0}}
+    with pytest.raises(ConfigurationError, match=r"endingOffsetsByTimestamp.*missing.*t-1.*endingTimestamp"):
+        _reader({"endingOffsetsByTimestamp": '{"t": {"0": 250}}'}, consumer, batch=True).ending_offset({"t": {"0": 0}})
+    with pytest.raises(ConfigurationError, match=r"t-0 ends at 1 before its start 2"):
+        one.ending_offset({"t": {"0": 2, "1": 0}})
+    with pytest.raises(ConfigurationError, match=r"'endingTimestamp' is for batch reads"):
+        _reader({"endingTimestamp": "150"}, consumer)

@@ -31,7 +31,8 @@ def kafka_python_config(raw: Mapping[str, Any], defaults: Mapping[str, Any], *, 
         if name == "sasl.jaas.config":
             jaas = str(value)
             continue
-        if name.startswith("sasl.oauthbearer.") or name == "sasl.login.callback.handler.class":
+        if name.startswith("sasl.oauthbearer.") or name in ("sasl.login.callback.handler.class",
+                                                               "sasl.client.callback.handler.class"):
             oauth[name] = str(value).strip()
             continue
         if name in reserved:
@@ -63,9 +64,43 @@ def kafka_python_config(raw: Mapping[str, Any], defaults: Mapping[str, Any], *, 
             shown = MASK if is_secret_name(key) else redact_text(repr(value))
             raise ConfigurationError(f"{what}: option {key!r}={shown} must be a number") from None
     jaas_options = _apply_jaas(out, jaas, what=what) if jaas is not None else {}
-    if oauth or str(out.get("sasl_mechanism") or "").upper() == "OAUTHBEARER":
+    if str(out.get("sasl_mechanism") or "").upper() == "AWS_MSK_IAM":
+        _apply_msk_iam(out, oauth, jaas_options, what=what)
+    elif oauth or str(out.get("sasl_mechanism") or "").upper() == "OAUTHBEARER":
         _apply_oauthbearer(out, oauth, jaas_options, what=what)
     return out
+
+
+_MSK_HOW = ("MSK IAM is taken as Spark's Kafka clients take it: kafka.security.protocol=SASL_SSL, "
+            "kafka.sasl.mechanism=AWS_MSK_IAM, kafka.sasl.jaas.config='software.amazon.msk.auth.iam.IAMLoginModule "
+            "required;' (optionally awsProfileName=\"...\" or awsRoleArn=\"...\" awsRoleSessionName=\"...\") and "
+            "kafka.sasl.client.callback.handler.class=software.amazon.msk.auth.iam.IAMClientCallbackHandler")
+_MSK_HANDLER = "software.amazon.msk.auth.iam.IAMClientCallbackHandler"
+
+
+def _apply_msk_iam(out: dict[str, Any], oauth: Mapping[str, str], jaas: Mapping[str, str], *, what: str) -> None:
+    """``kafka.sasl.mechanism=AWS_MSK_IAM`` (Amazon's Java IAM login module and callback handler) -> SASL/OAUTHBEARER
+    with MSK's IAM tokens (the same signed request, made by ``aws-msk-iam-sasl-signer-python``): one
+    :class:`twophase._kafka_oauth.MskIamTokenProvider` in kafka-python's ``sasl_oauth_token_provider`` and
+    librdkafka's ``oauth_cb``. The region is the brokers' (``*.kafka.<region>.amazonaws.com``) unless
+    ``AWS_REGION`` is set."""
+    from twophase._kafka_oauth import MskIamTokenProvider, msk_region
+    handler = oauth.get("sasl.client.callback.handler.class")
+    others = sorted(k for k in oauth if k != "sasl.client.callback.handler.class")
+    if (handler is not None and handler != _MSK_HANDLER) or others:
+        raise ConfigurationError(f"{what}: with kafka.sasl.mechanism=AWS_MSK_IAM only Amazon's callback handler "
+                                 f"({_MSK_HANDLER}) is taken; got {['kafka.' + k for k in others] or handler!r}. " + _MSK_HOW)
+    if str(out.get("security_protocol") or "").upper() != "SASL_SSL":
+        raise ConfigurationError(f"{what}: MSK IAM authentication runs over TLS: set kafka.security.protocol=SASL_SSL "
+                                 "(the brokers' IAM port, 9098 in a VPC, 9198 public)")
+    unknown = sorted(k for k in jaas if k not in ("awsProfileName", "awsRoleArn", "awsRoleSessionName", "awsDebugCreds"))
+    if unknown:
+        raise ConfigurationError(f"{what}: option 'kafka.sasl.jaas.config' (IAMLoginModule) has options {unknown} that "
+                                 "twophase does not take; " + _MSK_HOW)
+    out["sasl_mechanism"] = "OAUTHBEARER"
+    out["sasl_oauth_token_provider"] = MskIamTokenProvider(
+        msk_region(out.get("bootstrap_servers") or (), what=what), profile=jaas.get("awsProfileName"),
+        role_arn=jaas.get("awsRoleArn"), role_session_name=jaas.get("awsRoleSessionName"))
 
 
 _OIDC_HOW = ("OAUTHBEARER needs OIDC client credentials as Spark's Kafka clients take them: "
@@ -101,7 +136,8 @@ def _apply_oauthbearer(out: dict[str, Any], oauth: Mapping[str, str], jaas: Mapp
 
 _JAAS = re.compile(r"\s*(?P<module>[\w.$]+)\s+(?:required|requisite|sufficient|optional)\b(?P<opts>.*?)\s*;?\s*", re.S)
 _JAAS_OPTION = re.compile(r"""\s*(?P<name>\w+)\s*=\s*(?:"(?P<quoted>(?:[^"\\]|\\.)*)"|(?P<bare>[^\s;"]+))""", re.S)
-_JAAS_MODULES = {"PlainLoginModule": "PLAIN", "ScramLoginModule": None, "OAuthBearerLoginModule": "OAUTHBEARER"}
+_JAAS_MODULES = {"PlainLoginModule": "PLAIN", "ScramLoginModule": None, "OAuthBearerLoginModule": "OAUTHBEARER",
+                 "IAMLoginModule": "AWS_MSK_IAM"}
 
 
 def _apply_jaas(out: dict[str, Any], jaas: str, *, what: str) -> dict[str, str]:
@@ -129,11 +165,11 @@ def _apply_jaas(out: dict[str, Any], jaas: str, *, what: str) -> dict[str, str]:
     module = m.group("module").rsplit(".", 1)[-1]
     if module not in _JAAS_MODULES:
         raise ConfigurationError(f"{what}: option {key!r} names the login module {module!r}; twophase takes "
-                                 "PlainLoginModule, ScramLoginModule or OAuthBearerLoginModule (OIDC client "
-                                 "credentials) here (for GSSAPI use kafka.sasl.mechanism=GSSAPI and "
+                                 "PlainLoginModule, ScramLoginModule, OAuthBearerLoginModule (OIDC client "
+                                 "credentials) or Amazon MSK's IAMLoginModule here (for GSSAPI use kafka.sasl.mechanism=GSSAPI and "
                                  "kafka.sasl.kerberos.service.name)")
-    if module == "OAuthBearerLoginModule":
-        out.setdefault("sasl_mechanism", "OAUTHBEARER")
+    if module in ("OAuthBearerLoginModule", "IAMLoginModule"):
+        out.setdefault("sasl_mechanism", _JAAS_MODULES[module])
         return opts
     if "username" not in opts or "password" not in opts:
         raise ConfigurationError(f"{what}: option {key!r} needs username=\"...\" and password=\"...\"")
@@ -194,9 +230,9 @@ def librdkafka_config(cfg: Mapping[str, Any], *, what: str, consumer: bool = Fal
         elif arg == "ssl_check_hostname":
             out["ssl.endpoint.identification.algorithm"] = "https" if value else "none"
         elif arg == "sasl_oauth_token_provider":
-            from twophase._kafka_oauth import OidcTokenProvider
-            if not isinstance(value, OidcTokenProvider):  # pragma: no cover - only ours is ever built from options
-                raise ConfigurationError(f"{what}: OAUTHBEARER: only OIDC client credentials map to librdkafka")
+            from twophase._kafka_oauth import MskIamTokenProvider, OidcTokenProvider
+            if not isinstance(value, (OidcTokenProvider, MskIamTokenProvider)):  # pragma: no cover - only ours
+                raise ConfigurationError(f"{what}: OAUTHBEARER: only OIDC client credentials and MSK IAM map to librdkafka")
             out.update(value.librdkafka_properties())
         elif arg in names:
             out[names[arg]] = value

@@ -18,12 +18,19 @@ become one :class:`OidcTokenProvider`, which serves both clients:
   of its lifetime has passed.
 
 The client secret never appears in a repr, an error or a log line; a pickled provider carries no token.
+
+Amazon MSK's IAM authentication (``kafka.sasl.mechanism=AWS_MSK_IAM`` with Amazon's Java login module)
+becomes a :class:`MskIamTokenProvider`: OAUTHBEARER with the token MSK accepts for IAM (a SigV4-presigned
+``kafka-cluster:Connect`` request, made by Amazon's ``aws-msk-iam-sasl-signer-python`` from the default
+credentials chain, a profile or an assumed role), for kafka-python and, through ``oauth_cb``, librdkafka.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import os
+import re
 import threading
 import time
 import urllib.error
@@ -33,7 +40,7 @@ from typing import Any, Mapping, Optional
 
 from kafka.net.sasl.oauth import AbstractTokenProvider
 
-from twophase._redact import MASK, redact_values
+from twophase._redact import MASK, redact_text, redact_values
 from twophase.errors import ConfigurationError, TransientSinkError
 
 
@@ -134,3 +141,99 @@ class OidcTokenProvider(AbstractTokenProvider):  # type: ignore[misc]
 #: Java's login callback handlers for OIDC client credentials (the class moved in Kafka 3.4)
 CALLBACK_HANDLERS = ("org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginCallbackHandler",
                      "org.apache.kafka.common.security.oauthbearer.secured.OAuthBearerLoginCallbackHandler")
+
+
+_MSK_HOST = re.compile(r"\.kafka(?:-serverless)?\.([a-z]{2}(?:-[a-z]+)+-\d)\.amazonaws\.com(?:\.cn)?(?::\d+)?$")
+
+
+def msk_region(bootstrap_servers: Any, *, what: str) -> str:
+    """The AWS region of MSK brokers: ``AWS_REGION`` / ``AWS_DEFAULT_REGION``, else the brokers' host names
+    (``b-1.c.x.c2.kafka.eu-west-1.amazonaws.com``)."""
+    env = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if env:
+        return env
+    hosts = [bootstrap_servers] if isinstance(bootstrap_servers, str) else list(bootstrap_servers)
+    for host in hosts:
+        m = _MSK_HOST.search(str(host).strip())
+        if m:
+            return m.group(1)
+    raise ConfigurationError(f"{what}: MSK IAM: the AWS region is not known: set AWS_REGION in the driver's and "
+                             "executors' environment (spark.executorEnv.AWS_REGION), or use the brokers' MSK host names")
+
+
+class MskIamTokenProvider(AbstractTokenProvider):  # type: ignore[misc]
+    """MSK IAM tokens (OAUTHBEARER) for kafka-python, and the same through librdkafka's ``oauth_cb``.
+
+    A token is made locally (a presigned request; no call to AWS unless a role is assumed) and cached until
+    80 % of its lifetime. Credentials come from the process's AWS chain (environment, profile, instance or
+    task role) on each host; nothing secret is held by the provider, so it pickles to executors as is.
+    """
+
+    REFRESH_AT = 0.8
+
+    def __init__(self, region: str, *, profile: Optional[str] = None, role_arn: Optional[str] = None,
+                 role_session_name: Optional[str] = None) -> None:
+        if profile and role_arn:
+            raise ConfigurationError("MSK IAM: give awsProfileName or awsRoleArn in kafka.sasl.jaas.config, not both")
+        self.region, self.profile, self.role_arn = region, profile or None, role_arn or None
+        self.role_session_name = role_session_name or None
+        self._token: Optional[str] = None
+        self._expires_ms = 0
+        self._refresh_at = 0.0
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return (f"MskIamTokenProvider(region={self.region!r}, profile={self.profile!r}, role_arn={self.role_arn!r})")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, MskIamTokenProvider) and self._settings() == other._settings()
+
+    def __hash__(self) -> int:
+        return hash(self._settings())
+
+    def _settings(self) -> tuple[Any, ...]:
+        return (self.region, self.profile, self.role_arn, self.role_session_name)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.update(_token=None, _expires_ms=0, _refresh_at=0.0)
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def librdkafka_properties(self) -> dict[str, Any]:
+        """librdkafka's OAUTHBEARER with this provider as its token callback."""
+        return {"oauth_cb": self.librdkafka_token}
+
+    def librdkafka_token(self, _config: Any = None) -> tuple[str, float]:
+        """confluent-kafka's ``oauth_cb``: ``(token, expiry in seconds since the epoch)``."""
+        token = self.token()
+        return token, self._expires_ms / 1000.0
+
+    def token(self) -> str:
+        with self._lock:
+            if self._token is None or time.monotonic() >= self._refresh_at:
+                self._token, self._expires_ms = self._generate()
+                lifetime = max(1.0, self._expires_ms / 1000.0 - time.time())
+                self._refresh_at = time.monotonic() + self.REFRESH_AT * lifetime
+            return self._token
+
+    def _generate(self) -> tuple[str, int]:
+        from twophase._versions import require
+        require("aws-msk-iam-sasl-signer-python", what="MSK IAM authentication (kafka.sasl.mechanism=AWS_MSK_IAM)")
+        from aws_msk_iam_sasl_signer import MSKAuthTokenProvider
+        try:
+            if self.role_arn:
+                return MSKAuthTokenProvider.generate_auth_token_from_role_arn(
+                    self.region, self.role_arn, **({"sts_session_name": self.role_session_name}
+                                                   if self.role_session_name else {}))
+            if self.profile:
+                return MSKAuthTokenProvider.generate_auth_token_from_profile(self.region, self.profile)
+            return MSKAuthTokenProvider.generate_auth_token(self.region)
+        except Exception as e:  # noqa: BLE001 - botocore's many credential errors: one message naming the way out
+            raise TransientSinkError(f"MSK IAM: no token for region {self.region!r}: {type(e).__name__}: {redact_text(str(e))} (the AWS "
+                                     "credentials chain of this host: environment, profile, instance or task role)",
+                                     retriable=False) from None

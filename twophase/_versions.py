@@ -34,6 +34,7 @@ REQUIREMENTS: dict[str, tuple[str, Optional[str], str]] = {
     "deltalake": ("1.0", None, "delta"),
     "boto3": ("1.34", None, "s3"),
     "datafusion": ("40", None, "delta"),
+    "aws-msk-iam-sasl-signer-python": ("1.0", None, "msk"),
 }
 
 
@@ -51,7 +52,8 @@ def _key(version: str) -> tuple[int, ...]:
 #: distribution -> module, for installs without distribution metadata (a Spark distribution's python/ on
 #: PYTHONPATH, a vendored copy): the module's ``__version__`` is used then
 MODULES = {"pyspark": "pyspark", "kafka-python": "kafka", "confluent-kafka": "confluent_kafka",
-           "deltalake": "deltalake", "boto3": "boto3", "datafusion": "datafusion"}
+           "deltalake": "deltalake", "boto3": "boto3", "datafusion": "datafusion",
+           "aws-msk-iam-sasl-signer-python": "aws_msk_iam_sasl_signer"}
 
 
 @functools.lru_cache(maxsize=None)

@@ -174,6 +174,8 @@ def test_kafka_batch_read_starting_ending_offsets_and_min_partitions(spark, kafk
     part = read(startingOffsets=f'{{"{src}": {{"0": 2, "1": -2}}}}', endingOffsets=f'{{"{src}": {{"0": 5, "1": -1}}}}')
     got = sorted((r.partition, r.offset) for r in part.select("partition", "offset").collect())
     assert got == [(0, 2), (0, 3), (0, 4)] + [(1, o) for o in range(10)]
+    assert read(endingTimestamp="0").count() == 0  # every partition ends before its first record
+    assert read(endingTimestamp=str(10 ** 13), endingOffsets=f'{{"{src}": {{"0": 1}}}}').count() == 20  # wins; latest
     split = read(minPartitions="6")
     assert split.rdd.getNumPartitions() == 6 and split.count() == 20
     message = _start_failure(lambda: spark.readStream.format("twophase-kafka")
