@@ -24,8 +24,12 @@ CHECK expressions are SQL. They are evaluated with DataFusion, the engine delta-
 NULL fails, as Delta documents ("must be true for each input row"). An expression DataFusion cannot
 parse is refused on the driver, by name, before the query writes anything.
 
-Known gap: a constraint added to the table between a batch's write and its commit is not re-checked
-at commit.
+A requirement added to the table between a batch's write and its commit (``ALTER TABLE ADD CONSTRAINT``
+while a checkpoint is in flight): each committable records the requirements its writer enforced
+(:meth:`TableChecks.to_json`); at commit the committer reads the table's requirements again and checks
+the committable's data files against the ones it gained (:meth:`TableChecks.added_since`). Rows that
+break one stop the commit with ConstraintViolationError naming the requirement and the way on (drop it,
+or record the checkpoint as lost); they are never committed.
 """
 
 from __future__ import annotations
@@ -52,6 +56,19 @@ class TableChecks:
 
     def __bool__(self) -> bool:
         return bool(self.not_null or self.checks)
+
+    def to_json(self) -> dict[str, Any]:
+        """What a committable records of the requirements its writer enforced."""
+        return {"not_null": list(self.not_null), "checks": [list(c) for c in self.checks]}
+
+    def added_since(self, enforced: Optional[dict[str, Any]]) -> "TableChecks":
+        """The requirements of this (the table's current) set that ``enforced`` (:meth:`to_json` of what a
+        writer checked; None: unknown, from an older committable) does not hold."""
+        if enforced is None:
+            return self
+        nn = set(enforced.get("not_null") or ())
+        ck = {tuple(c) for c in enforced.get("checks") or ()}
+        return TableChecks(tuple(p for p in self.not_null if p not in nn), tuple(c for c in self.checks if c not in ck))
 
     def enforce(self, batch: pa.RecordBatch) -> None:
         """Raise ConstraintViolationError if any row of ``batch`` breaks a requirement of the table."""

@@ -42,8 +42,11 @@ Invariants (``test_delta_sink_invN_*``):
    partition columns are refused with a :class:`~twophase.errors.ConfigurationError`.
 6. No row that breaks the table's NOT NULL columns, CHECK constraints, column invariants or generated
    columns is ever committed: the writer checks every batch before writing it
-   (:mod:`twophase.sinks._delta_checks`); the task fails with ConstraintViolationError. Tables whose
-   files twophase cannot write correctly (column mapping, identity columns) are refused on the driver.
+   (:mod:`twophase.sinks._delta_checks`); the task fails with ConstraintViolationError. A requirement the
+   table gained while a checkpoint was in flight is checked at commit against that checkpoint's files
+   (each committable records what its writer enforced); rows that break it stop the commit, loudly.
+   Tables whose files twophase cannot write correctly (column mapping, identity columns) are refused on
+   the driver.
 """
 
 from __future__ import annotations
@@ -70,7 +73,7 @@ from twophase.naming import internal_rel, own_part_checkpoint
 from twophase import faults
 from twophase._logging import get_logger
 from twophase._redact import safe_repr
-from twophase.errors import ConfigurationError, MissingDependencyError, TransientSinkError, TwoPhaseError
+from twophase.errors import ConstraintViolationError, ConfigurationError, MissingDependencyError, TransientSinkError, TwoPhaseError
 from twophase.log import TransactionLog
 from twophase.log_store import fsync_dir, makedirs_durable
 from twophase.log_s3 import S3_CLIENT_OPTIONS, S3Config, error_code, open_log_store, parse_s3_url, s3_config_from
@@ -254,6 +257,10 @@ class _LocalFiles:
     def exists(self, rel: str) -> bool:
         return os.path.isfile(os.path.join(self.root, rel))
 
+    def reader(self, rel: str) -> Any:
+        """A readable source of the data file ``rel`` (for pyarrow.parquet)."""
+        return os.path.join(self.root, rel)
+
     def list_named(self, dir_rel: str, name_prefix: str) -> Iterator[str]:
         """Files directly in ``dir_rel`` (``""``: the root) whose name starts with ``name_prefix``."""
         try:
@@ -320,6 +327,15 @@ class _S3Files:
             if error_code(e) in ("NoSuchKey", "404", "NotFound"):
                 return False
             raise TransientSinkError(f"twophase-delta: cannot check s3://{self.bucket}/{self.key(rel)}: {e}") from e
+
+    def reader(self, rel: str) -> Any:
+        """The data file ``rel``, read whole (for pyarrow.parquet)."""
+        import io
+        try:
+            body = self.client.get_object(Bucket=self.bucket, Key=self.key(rel))["Body"].read()
+        except Exception as e:
+            raise TransientSinkError(f"twophase-delta: cannot read s3://{self.bucket}/{self.key(rel)}: {e}") from e
+        return io.BytesIO(body)
 
     def list_named(self, dir_rel: str, name_prefix: str) -> Iterator[str]:
         """Objects directly in ``dir_rel`` whose name starts with ``name_prefix``: one prefix listing."""
@@ -516,6 +532,8 @@ class DeltaCommittable(Committable):
 
     kind: ClassVar[str] = "delta"
     files: list[DataFile] = field(default_factory=list)
+    #: the table's requirements the writer enforced (:meth:`TableChecks.to_json`); re-checked at commit
+    checks: Optional[dict[str, Any]] = None
 
 
 class DeltaSink(SinkSpec[DeltaCommittable]):
@@ -679,8 +697,10 @@ class DeltaWriter(FileLikeWriter[DeltaCommittable]):
 
     def committable(self) -> DeltaCommittable:
         c = self.context
+        enforced = self.sink.checks.to_json() if self.sink.checks is not None else None
         return DeltaCommittable(checkpoint_id=c.checkpoint_id, task_id=c.task_id, attempt_uid=c.attempt_uid,
-                                records=self.records, files=list(self.finished))  # type: ignore[arg-type]
+                                records=self.records, files=list(self.finished),  # type: ignore[arg-type]
+                                checks=enforced)
 
     def discard_open(self, f: _OpenFile) -> None:
         self.sink.files.discard(f.stream, f.rel)
@@ -736,6 +756,7 @@ class DeltaCommitter(SinkCommitter[DeltaCommittable]):
             return [CommitResult(h, CommitStatus.LOST, f"twophase-delta: checkpoint {checkpoint_id} task {h.task_id}: "
                                  f"data files {missing[:5]} are gone (deleted or vacuumed) and were never committed")
                     if missing else CommitResult(h, CommitStatus.COMMITTED) for h, missing in lost]
+        self._recheck(checkpoint_id, handles, dt)
         actions = [AddAction(f["path"], int(f["size"]), dict(f["partition_values"]), int(f["modification_time"]),
                              True, f["stats"]) for f in files]
         props = CommitProperties(
@@ -747,6 +768,39 @@ class DeltaCommitter(SinkCommitter[DeltaCommittable]):
                   records=sum(int(f.get("records", 0)) for f in files), recovering=recovering)
         faults.maybe_crash("mid_commit", checkpoint_id)
         return [CommitResult(h, CommitStatus.COMMITTED) for h in handles]
+
+    def _recheck(self, checkpoint_id: int, handles: Sequence[DeltaCommittable], dt: Any) -> None:
+        """Invariant 6 at commit: the rows of ``handles`` against every requirement the table gained after their
+        writers checked them (a constraint added while the checkpoint was in flight). Reads only the files of
+        handles with such requirements (none in the common case). Rows that break one raise
+        ConstraintViolationError; nothing is committed, and the checkpoint stays COMPLETED (Delta refuses such
+        a commit; twophase does not drop decided data on its own)."""
+        import pyarrow.parquet as pq
+        schema = pa.schema(dt.schema().to_arrow())
+        now = table_checks(dt, schema)
+        for h in handles:
+            added = now.added_since(h.checks)
+            if not added:
+                continue
+            _log.warning("delta_requirements_rechecked", sink_id=self.sink_id, checkpoint_id=checkpoint_id,
+                         task=h.task_id, not_null=list(added.not_null), checks=[n for n, _ in added.checks])
+            for f in h.files:
+                table = pq.read_table(self.files.reader(f["rel"]))
+                for name, value in (f.get("partition_values") or {}).items():
+                    if name in schema.names and name not in table.column_names:
+                        table = table.append_column(name, pa.array([value] * table.num_rows, pa.string())
+                                                    .cast(schema.field(name).type))
+                try:
+                    for batch in table.to_batches():
+                        added.enforce(batch)
+                except ConstraintViolationError as e:
+                    raise ConstraintViolationError(
+                        f"{e} -- checkpoint {checkpoint_id} (task {h.task_id}) was decided before the table gained "
+                        "this requirement, so its rows were not checked against it when written; they are not "
+                        "committed. Either drop the requirement (ALTER TABLE ... DROP CONSTRAINT) and restart the "
+                        "query, or record the checkpoint as lost: twophase log resolve "
+                        f"{self.transaction_log().location} --sink-id {self.sink_id} --checkpoint {checkpoint_id} "
+                        "--accept-loss") from None
 
     def commit(self, committable: DeltaCommittable, *, recovering: bool = False) -> CommitResult[DeltaCommittable]:
         """A Delta checkpoint commits whole: this commits ``committable`` as the only one of its checkpoint."""

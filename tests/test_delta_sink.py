@@ -382,3 +382,34 @@ def test_delta_sink_inv5_merge_schema_adds_nested_struct_fields(tmp_path) -> Non
     rows = sorted(DeltaTable(uri).to_pyarrow_table().to_pylist(), key=lambda r: r["id"])
     assert rows == [{"id": 1, "s": {"x": 1, "y": None}, "l": [{"x": 1, "y": None}]},
                     {"id": 2, "s": {"x": 2, "y": "b"}, "l": [{"x": 2, "y": "b"}]}]
+
+
+def test_delta_sink_inv6_a_constraint_added_while_a_checkpoint_is_in_flight_is_checked_at_commit(tmp_path):
+    """The writers checked their rows against the table they saw; ALTER TABLE ADD CONSTRAINT came between
+    their pre-commit and the driver's commit. Before the fix the commit added the rows and the table held
+    id -5 under CHECK (id > 0)."""
+    from deltalake import write_deltalake
+    from twophase.errors import ConstraintViolationError
+    from twophase.states import CheckpointState
+    path = str(tmp_path / "t")
+    stream = pa.schema([("id", pa.int64()), ("p", pa.string())])
+    write_deltalake(path, pa.table({"id": [1], "p": ["a"]}, schema=stream), partition_by=["p"])
+    sink = _sink_on(path, stream)
+    acks = [run_task(sink, TransactionContext(sink.sink_id, 0, "0"), [pa.record_batch(
+        {"id": [2, -5], "p": ["a", None]}, schema=stream)])]
+    DeltaTable(path).alter.add_constraint({"pos": "id > 0", "p_known": "p IS NOT NULL"})
+    co = CheckpointCoordinator(sink)
+    with pytest.raises(ConstraintViolationError, match=r"(pos|p_known).*checkpoint 0.*twophase log resolve"):
+        co.complete_batch(0, acks, ["0"])
+    assert _rows_of(sink) == [{"id": 1, "p": "a"}]  # nothing committed
+    assert sink.transaction_log().get(0).state is CheckpointState.COMPLETED  # decided, never dropped silently
+    # rows that satisfy the requirement the table gained meanwhile are read back, checked, and committed
+    path2 = str(tmp_path / "t2")
+    write_deltalake(path2, pa.table({"id": [1], "p": ["a"]}, schema=stream), partition_by=["p"])
+    sink2 = _sink_on(path2, stream)
+    good = [run_task(sink2, TransactionContext(sink2.sink_id, 0, "0"), [pa.record_batch({"id": [3], "p": ["b"]},
+                                                                                       schema=stream)])]
+    assert good[0].handle["checks"] == {"not_null": [], "checks": []}  # what the writer enforced, in the handle
+    DeltaTable(path2).alter.add_constraint({"pos": "id > 0", "p_known": "p IS NOT NULL"})
+    assert CheckpointCoordinator(sink2).complete_batch(0, good, ["0"]) == "COMMITTED"
+    assert _rows_of(sink2) == [{"id": 1, "p": "a"}, {"id": 3, "p": "b"}]
