@@ -179,15 +179,10 @@ def sink_from_options(raw: Mapping[str, str]) -> Any:
 
 def _recorded_sink_id(sink: Any) -> str:
     """The sink id the log records: its owner record, else its newest checkpoint record."""
-    from twophase.log import decode_record
     log = sink.transaction_log()
-    owner = log.owner()
-    if owner is not None:
-        return str(owner["sink_id"])
-    for name in reversed(log.store.list("checkpoints/")):
-        data = log.store.get(name)
-        if data is not None:
-            return str(decode_record(data, name)["sink_id"])
+    sink_id = log.recorded_sink_id()
+    if sink_id is not None:
+        return sink_id
     raise OperatorRefusedError(f"no transaction log at {redact_text(log.location)}: give the sink's log "
                                "(--log, its option log.location, or --option checkpointLocation=...) and --sink-id")
 

@@ -44,11 +44,50 @@ from twophase._redact import MASK, redact_text, redact_values
 from twophase.errors import ConfigurationError, TransientSinkError
 
 
-class OidcTokenProvider(AbstractTokenProvider):  # type: ignore[misc]
-    """OIDC client-credentials tokens for kafka-python, and the same settings as librdkafka properties."""
+class _CachedTokenProvider(AbstractTokenProvider):  # type: ignore[misc]
+    """A kafka-python token provider that caches its token until :attr:`REFRESH_AT` of its lifetime; equal by
+    its settings; pickled without its token (executors make their own)."""
 
     #: refresh a token once this share of its lifetime has passed
     REFRESH_AT = 0.8
+
+    def _reset(self) -> None:
+        self._token: Optional[str] = None
+        self._refresh_at = 0.0
+        self._lock = threading.Lock()
+
+    def _settings(self) -> tuple[Any, ...]:
+        raise NotImplementedError
+
+    def _fetch(self) -> tuple[str, float]:
+        """A new token and its lifetime in seconds."""
+        raise NotImplementedError
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and self._settings() == other._settings()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash(self._settings())
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = {k: v for k, v in self.__dict__.items() if k not in ("_token", "_refresh_at", "_lock")}
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._reset()
+
+    def token(self) -> str:
+        """A valid token: the cached one, or a new one."""
+        with self._lock:
+            if self._token is None or time.monotonic() >= self._refresh_at:
+                self._token, lifetime = self._fetch()
+                self._refresh_at = time.monotonic() + self.REFRESH_AT * max(1.0, lifetime)
+            return self._token
+
+
+class OidcTokenProvider(_CachedTokenProvider):
+    """OIDC client-credentials tokens for kafka-python, and the same settings as librdkafka properties."""
 
     def __init__(self, token_endpoint_url: str, client_id: str, client_secret: str, scope: Optional[str] = None,
                  extensions: Mapping[str, str] = {}, timeout_s: float = 30.0) -> None:
@@ -61,33 +100,15 @@ class OidcTokenProvider(AbstractTokenProvider):  # type: ignore[misc]
         self.scope = scope or None
         self._extensions = dict(extensions)
         self.timeout_s = timeout_s
-        self._token: Optional[str] = None
-        self._refresh_at = 0.0
-        self._lock = threading.Lock()
+        self._reset()
 
     def __repr__(self) -> str:
         return (f"OidcTokenProvider(token_endpoint_url={self.token_endpoint_url!r}, client_id={self.client_id!r}, "
                 f"client_secret={MASK!r}, scope={self.scope!r})")
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, OidcTokenProvider) and self._settings() == other._settings()
-
-    def __hash__(self) -> int:
-        return hash(self._settings())
-
     def _settings(self) -> tuple[Any, ...]:
         return (self.token_endpoint_url, self.client_id, self.client_secret, self.scope,
                 tuple(sorted(self._extensions.items())))
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state.update(_token=None, _refresh_at=0.0)
-        del state["_lock"]
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
 
     def librdkafka_properties(self) -> dict[str, str]:
         """librdkafka's built-in OIDC login with the same settings."""
@@ -102,14 +123,6 @@ class OidcTokenProvider(AbstractTokenProvider):  # type: ignore[misc]
 
     def extensions(self) -> dict[str, str]:
         return dict(self._extensions)
-
-    def token(self) -> str:
-        """A valid access token: the cached one, or a new one from the token endpoint."""
-        with self._lock:
-            if self._token is None or time.monotonic() >= self._refresh_at:
-                self._token, lifetime = self._fetch()
-                self._refresh_at = time.monotonic() + self.REFRESH_AT * lifetime
-            return self._token
 
     def _fetch(self) -> tuple[str, float]:
         form = {"grant_type": "client_credentials", **({"scope": self.scope} if self.scope else {})}
@@ -161,7 +174,7 @@ def msk_region(bootstrap_servers: Any, *, what: str) -> str:
                              "executors' environment (spark.executorEnv.AWS_REGION), or use the brokers' MSK host names")
 
 
-class MskIamTokenProvider(AbstractTokenProvider):  # type: ignore[misc]
+class MskIamTokenProvider(_CachedTokenProvider):
     """MSK IAM tokens (OAUTHBEARER) for kafka-python, and the same through librdkafka's ``oauth_cb``.
 
     A token is made locally (a presigned request; no call to AWS unless a role is assumed) and cached until
@@ -169,40 +182,20 @@ class MskIamTokenProvider(AbstractTokenProvider):  # type: ignore[misc]
     task role) on each host; nothing secret is held by the provider, so it pickles to executors as is.
     """
 
-    REFRESH_AT = 0.8
-
     def __init__(self, region: str, *, profile: Optional[str] = None, role_arn: Optional[str] = None,
                  role_session_name: Optional[str] = None) -> None:
         if profile and role_arn:
             raise ConfigurationError("MSK IAM: give awsProfileName or awsRoleArn in kafka.sasl.jaas.config, not both")
         self.region, self.profile, self.role_arn = region, profile or None, role_arn or None
         self.role_session_name = role_session_name or None
-        self._token: Optional[str] = None
         self._expires_ms = 0
-        self._refresh_at = 0.0
-        self._lock = threading.Lock()
+        self._reset()
 
     def __repr__(self) -> str:
         return (f"MskIamTokenProvider(region={self.region!r}, profile={self.profile!r}, role_arn={self.role_arn!r})")
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, MskIamTokenProvider) and self._settings() == other._settings()
-
-    def __hash__(self) -> int:
-        return hash(self._settings())
-
     def _settings(self) -> tuple[Any, ...]:
         return (self.region, self.profile, self.role_arn, self.role_session_name)
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state.update(_token=None, _expires_ms=0, _refresh_at=0.0)
-        del state["_lock"]
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
 
     def librdkafka_properties(self) -> dict[str, Any]:
         """librdkafka's OAUTHBEARER with this provider as its token callback."""
@@ -213,13 +206,9 @@ class MskIamTokenProvider(AbstractTokenProvider):  # type: ignore[misc]
         token = self.token()
         return token, self._expires_ms / 1000.0
 
-    def token(self) -> str:
-        with self._lock:
-            if self._token is None or time.monotonic() >= self._refresh_at:
-                self._token, self._expires_ms = self._generate()
-                lifetime = max(1.0, self._expires_ms / 1000.0 - time.time())
-                self._refresh_at = time.monotonic() + self.REFRESH_AT * lifetime
-            return self._token
+    def _fetch(self) -> tuple[str, float]:
+        token, self._expires_ms = self._generate()
+        return token, self._expires_ms / 1000.0 - time.time()
 
     def _generate(self) -> tuple[str, int]:
         from twophase._versions import require

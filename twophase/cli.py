@@ -103,16 +103,10 @@ def inspect_log(location: str, sink_id: Optional[str] = None, *,
 
 def _recorded_sink_id(location: str) -> str:
     """The sink id the log at ``location`` records (its owner record, else its newest record)."""
-    from twophase.log import decode_record
-    log = TransactionLog.open(location, "?")
-    owner = log.owner()
-    if owner is not None:
-        return str(owner["sink_id"])
-    for name in reversed(log.store.list("checkpoints/")):
-        data = log.store.get(name)
-        if data is not None:
-            return str(decode_record(data, name)["sink_id"])
-    raise TwoPhaseError(f"no transaction log at {location}")
+    sink_id = TransactionLog.open(location, "?").recorded_sink_id()
+    if sink_id is None:
+        raise TwoPhaseError(f"no transaction log at {location}")
+    return sink_id
 
 
 def resolve_lost(location: str, checkpoint_id: int, reason: str, sink_id: Optional[str] = None) -> dict[str, Any]:

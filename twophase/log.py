@@ -242,6 +242,18 @@ class TransactionLog:
     def owner(self) -> Optional[dict[str, Any]]:
         return self._read_once("owner.json")
 
+    def recorded_sink_id(self) -> Optional[str]:
+        """The sink id this log's records name (its owner record, else its newest checkpoint record), or None
+        where there is no log: what an operator's tool opens a log by when it is not told the sink id."""
+        owner = self.owner()
+        if owner is not None:
+            return str(owner["sink_id"])
+        for name in reversed(self.store.list("checkpoints/")):
+            data = self.store.get(name)
+            if data is not None:
+                return str(decode_record(data, f"{self.location}/{name}")["sink_id"])
+        return None
+
     # ---- records
 
     @staticmethod

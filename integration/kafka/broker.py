@@ -214,3 +214,34 @@ def broker_paused(bootstrap: str) -> Iterator[None]:
         yield
     finally:
         os.kill(pid, signal.SIGCONT)
+
+
+#: the sink's input columns in the Kafka sink tests
+SINK_SCHEMA_FIELDS = (("key", "binary"), ("value", "binary"))
+WRITE_TASK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "write_task.py")
+
+
+def key_value_batch(tag: str, n: int) -> Any:
+    """``n`` rows ``(k<i>, <tag>-<i>)`` of the Kafka sink's key/value columns."""
+    import pyarrow as pa
+    schema = pa.schema([(name, getattr(pa, kind)()) for name, kind in SINK_SCHEMA_FIELDS])
+    return pa.RecordBatch.from_pydict({"key": [f"k{i}".encode() for i in range(n)],
+                                       "value": [f"{tag}-{i}".encode() for i in range(n)]}, schema=schema)
+
+
+def committed_values(bootstrap: str, topic: str) -> list[bytes]:
+    """The values a read_committed reader sees in ``topic``, sorted."""
+    return sorted(r.value for r in read_topic(bootstrap, topic))
+
+
+def write_in_another_process(raw: dict, ckpt: int, task: str, attempt: int, n: int, tag: str) -> Any:
+    """A writer process (``write_task.py``) that pre-commits ``n`` rows and exits without committing, aborting
+    or closing anything; returns its ack."""
+    import json
+    import subprocess
+    import sys
+    from twophase.sink import Ack
+    out = subprocess.run([sys.executable, WRITE_TASK, json.dumps(raw), str(ckpt), task, str(attempt), str(n), tag],
+                         capture_output=True, text=True, timeout=120, check=True)
+    a = json.loads(out.stdout.strip().splitlines()[-1])
+    return Ack(a["checkpoint_id"], a["task_id"], a["attempt_uid"], a["handle"], a["records"])

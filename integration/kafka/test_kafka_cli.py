@@ -17,9 +17,10 @@ import sys
 import pyarrow as pa
 import pytest
 
-from integration.kafka.broker import create_topic, end_offsets, produce, read_topic, unique
+from integration.kafka.broker import (committed_values, create_topic, end_offsets, key_value_batch, produce,
+                                      read_topic, unique, write_in_another_process)
 from twophase.coordinator import CheckpointCoordinator
-from twophase.sink import Ack, TransactionContext, run_task
+from twophase.sink import TransactionContext, run_task
 from twophase.sinks.kafka import KafkaSink
 from twophase.sinks._kafka_txn import OPEN_STATES
 from twophase.spark.datasource import prepare_sink
@@ -29,7 +30,6 @@ pytestmark = pytest.mark.kafka
 
 SCHEMA = pa.schema([("key", pa.binary()), ("value", pa.binary())])
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-WRITE_TASK = os.path.join(os.path.dirname(__file__), "write_task.py")
 
 
 @pytest.fixture
@@ -39,23 +39,6 @@ def env(kafka_bootstrap, tmp_path, registry):
            "prefixRegistry": registry, "transactionalIdPrefix": unique("p"),
            "kafka.transaction.timeout.ms": "900000"}
     return raw, topic
-
-
-def _batch(tag: str, n: int) -> pa.RecordBatch:
-    return pa.RecordBatch.from_pydict({"key": [f"k{i}".encode() for i in range(n)],
-                                       "value": [f"{tag}-{i}".encode() for i in range(n)]}, schema=SCHEMA)
-
-
-def _values(bootstrap: str, topic: str) -> list[bytes]:
-    return sorted(r.value for r in read_topic(bootstrap, topic))
-
-
-def _write_and_vanish(raw: dict, ckpt: int, task: str, attempt: int, n: int, tag: str) -> Ack:
-    """A writer process that pre-commits and exits without committing, aborting or closing anything."""
-    out = subprocess.run([sys.executable, WRITE_TASK, json.dumps(raw), str(ckpt), task, str(attempt), str(n), tag],
-                         capture_output=True, text=True, timeout=120, check=True)
-    a = json.loads(out.stdout.strip().splitlines()[-1])
-    return Ack(a["checkpoint_id"], a["task_id"], a["attempt_uid"], a["handle"], a["records"])
 
 
 def _cli(raw: dict, *args: str) -> subprocess.CompletedProcess:
@@ -75,7 +58,7 @@ def _started_sink(raw: dict) -> KafkaSink:
     """A query's sink after its start (log and prefix claimed) and one committed checkpoint 0."""
     sink = KafkaSink.from_options(raw, SCHEMA)
     prepare_sink(sink, raw["checkpointLocation"], what="test")
-    a0 = run_task(sink, TransactionContext(sink.sink_id, 0, "0", 0), [_batch("c0", 4)])
+    a0 = run_task(sink, TransactionContext(sink.sink_id, 0, "0", 0), [key_value_batch("c0", 4)])
     assert CheckpointCoordinator(sink).complete_batch(0, [a0], ["0"]) == "COMMITTED"
     return sink
 
@@ -83,10 +66,10 @@ def _started_sink(raw: dict) -> KafkaSink:
 def test_cli_kafka_abort_lingering_aborts_a_dropped_querys_transaction_and_the_lso_advances(env, kafka_bootstrap):
     raw, topic = env
     sink = _started_sink(raw)
-    lingering = _write_and_vanish(raw, 1, "0", 0, 6, "lingering")  # checkpoint 1's writer; the query died
+    lingering = write_in_another_process(raw, 1, "0", 0, 6, "lingering")  # checkpoint 1's writer; the query died
     # a committed record after it on each partition: read_committed readers cannot reach it (the LSO is held)
     produce(kafka_bootstrap, topic, [b"after-0", b"after-1"], partitions=2)
-    assert _values(kafka_bootstrap, topic) == sorted(f"c0-{i}".encode() for i in range(4))
+    assert committed_values(kafka_bootstrap, topic) == sorted(f"c0-{i}".encode() for i in range(4))
     # a transaction of another sink whose prefix extends ours (p-other): never ours to abort
     other_topic = create_topic(kafka_bootstrap, unique("clio"), 1)
     from kafka import KafkaProducer
@@ -111,7 +94,7 @@ def test_cli_kafka_abort_lingering_aborts_a_dropped_querys_transaction_and_the_l
         assert r.returncode == 0, r.stderr
         rows = [line.split("\t") for line in r.stdout.splitlines() if "\t" in line]
         assert [(row[0], row[2]) for row in rows] == [(tid, "would-abort")]
-        assert tid in _open_ids(sink) and _values(kafka_bootstrap, topic) == sorted(f"c0-{i}".encode() for i in range(4))
+        assert tid in _open_ids(sink) and committed_values(kafka_bootstrap, topic) == sorted(f"c0-{i}".encode() for i in range(4))
 
         r = _cli(raw, "--query-stopped", "--json")
         assert r.returncode == 0, r.stderr
@@ -119,7 +102,7 @@ def test_cli_kafka_abort_lingering_aborts_a_dropped_querys_transaction_and_the_l
         assert [(t["transactional_id"], t["action"]) for t in report["transactions"]] == [(tid, "aborted")]
         assert report["transactions"][0]["state_after"] not in OPEN_STATES and report["ok"] is True
         # read back: the aborted records stay invisible, the LSO advanced past them to the later commits
-        assert _values(kafka_bootstrap, topic) == sorted([*(f"c0-{i}".encode() for i in range(4)),
+        assert committed_values(kafka_bootstrap, topic) == sorted([*(f"c0-{i}".encode() for i in range(4)),
                                                            b"after-0", b"after-1"])
         assert end_offsets(kafka_bootstrap, topic, "read_committed") == end_offsets(kafka_bootstrap, topic)
         # invariant 2: the other prefix's transaction is still open, its record still invisible
@@ -141,10 +124,10 @@ def test_cli_kafka_abort_lingering_refuses_a_completed_checkpoint_whose_records_
     raw, topic = env
     sink = _started_sink(raw)
     log = sink.transaction_log()
-    ack = _write_and_vanish(raw, 1, "0", 0, 6, "c1")
+    ack = write_in_another_process(raw, 1, "0", 0, 6, "c1")
     log.transition(1, CheckpointState.PENDING)
     log.transition(1, CheckpointState.COMPLETED, handles={ack.task_id: ack.handle})
-    stray = _write_and_vanish(raw, 1, "1", 0, 3, "stray")  # an attempt no record names
+    stray = write_in_another_process(raw, 1, "1", 0, 3, "stray")  # an attempt no record names
     tid, stray_tid = ack.handle["transactional_id"], stray.handle["transactional_id"]
 
     r = _cli(raw, "--query-stopped")
@@ -163,7 +146,7 @@ def test_cli_kafka_abort_lingering_refuses_a_completed_checkpoint_whose_records_
     # the restart's recovery commits checkpoint 1: none of its records was lost
     prepare_sink(KafkaSink.from_options(raw, SCHEMA), raw["checkpointLocation"], what="test")
     assert log.get(1).state is CheckpointState.COMMITTED
-    assert _values(kafka_bootstrap, topic) == sorted([*(f"c0-{i}".encode() for i in range(4)),
+    assert committed_values(kafka_bootstrap, topic) == sorted([*(f"c0-{i}".encode() for i in range(4)),
                                                        *(f"c1-{i}".encode() for i in range(6))])
 
 
@@ -172,7 +155,7 @@ def test_cli_kafka_abort_lingering_refuses_a_prefix_claimed_by_another_query(env
     raw, topic = env
     _started_sink(raw)
     other = {**raw, "checkpointLocation": str(tmp_path / "other-ck"), "sink.id": "other-sink"}
-    lingering = _write_and_vanish(raw, 1, "0", 0, 2, "l")
+    lingering = write_in_another_process(raw, 1, "0", 0, 2, "l")
     # the operator points the other query's log at this query's prefix
     sink2 = KafkaSink.from_options({**other, "transactionalIdPrefix": unique("q")}, SCHEMA)
     prepare_sink(sink2, other["checkpointLocation"], what="test")

@@ -8,7 +8,6 @@ EndTxn with a wrong producer id)."""
 from __future__ import annotations
 
 import gc
-import os
 
 import pyarrow as pa
 import pytest

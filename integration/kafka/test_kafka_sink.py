@@ -3,16 +3,14 @@ speculative attempts, recovery, prefix ownership and bad options (sinks/kafka.py
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 import time
 
 import pyarrow as pa
 import pytest
 
-from integration.kafka.broker import broker_paused, create_topic, end_offsets, read_topic, unique
+from integration.kafka.broker import (broker_paused, committed_values, create_topic, end_offsets, key_value_batch,
+                                      unique, write_in_another_process)
 from twophase.sinks.kafka import KafkaCommittable, KafkaSink
 from twophase.coordinator import CheckpointCoordinator
 from twophase.errors import ConcurrentWriterError, ConfigurationError, DataLossError, TransientSinkError
@@ -23,7 +21,6 @@ from twophase.states import CheckpointState
 pytestmark = pytest.mark.kafka
 
 SCHEMA = pa.schema([("key", pa.binary()), ("value", pa.binary())])
-WRITE_TASK = os.path.join(os.path.dirname(__file__), "write_task.py")
 
 
 @pytest.fixture(params=["librdkafka", "kafka-python"])
@@ -35,22 +32,6 @@ def env(kafka_bootstrap, tmp_path, registry, request):
            # the broker's default transaction.max.timeout.ms (noida-db's too); the sink's default is 1 h
            "kafka.transaction.timeout.ms": "900000"}
     return raw, topic
-
-
-def _batch(tag: str, n: int) -> pa.RecordBatch:
-    return pa.RecordBatch.from_pydict({"key": [f"k{i}".encode() for i in range(n)],
-                                       "value": [f"{tag}-{i}".encode() for i in range(n)]}, schema=SCHEMA)
-
-
-def _values(bootstrap: str, topic: str) -> list[bytes]:
-    return sorted(r.value for r in read_topic(bootstrap, topic))
-
-
-def _write_elsewhere(raw: dict, ckpt: int, task: str, attempt: int, n: int, tag: str) -> Ack:
-    out = subprocess.run([sys.executable, WRITE_TASK, json.dumps(raw), str(ckpt), task, str(attempt), str(n), tag],
-                         capture_output=True, text=True, timeout=120, check=True)
-    a = json.loads(out.stdout.strip().splitlines()[-1])
-    return Ack(a["checkpoint_id"], a["task_id"], a["attempt_uid"], a["handle"], a["records"])
 
 
 def _no_open_transactions(sink: KafkaSink) -> bool:
@@ -68,42 +49,42 @@ def _commit(sink: KafkaSink, committable: KafkaCommittable) -> CommitStatus:
 def test_kafka_sink_inv1_inv2_inv3_driver_commits_after_writer_exited_repeat_and_abort_keep_data(env, kafka_bootstrap):
     raw, topic = env
     sink = KafkaSink.from_options(raw, SCHEMA)
-    ack = _write_elsewhere(raw, 0, "0", 0, 20, "a")
+    ack = write_in_another_process(raw, 0, "0", 0, 20, "a")
     h = ack.handle
     assert h["producer_id"] >= 0 and h["records"] == 20 and sum(p["records"] for p in h["partitions"]) == 20
-    assert _values(kafka_bootstrap, topic) == []  # invariant 1: invisible before commit
+    assert committed_values(kafka_bootstrap, topic) == []  # invariant 1: invisible before commit
     assert sum(end_offsets(kafka_bootstrap, topic).values()) >= 20  # but written
     committer = sink.create_committer()
     c = committer.decode(h)
     assert committer.commit(c).status is CommitStatus.COMMITTED
-    assert _values(kafka_bootstrap, topic) == sorted(f"a-{i}".encode() for i in range(20))
+    assert committed_values(kafka_bootstrap, topic) == sorted(f"a-{i}".encode() for i in range(20))
     # invariant 2: a repeated commit is a no-op (the broker answers the same epoch's EndTxn as the first)
     assert committer.commit(c).status in (CommitStatus.COMMITTED, CommitStatus.ALREADY_COMMITTED)
     committer.abort(c)  # invariant 3: an abort after commit never removes data
-    assert len(_values(kafka_bootstrap, topic)) == 20
+    assert len(committed_values(kafka_bootstrap, topic)) == 20
 
 
 def test_kafka_sink_inv2_expired_transaction_is_data_loss(env, kafka_bootstrap):
     raw, topic = env
     sink = KafkaSink.from_options(raw, SCHEMA)
-    ack = run_task(sink, TransactionContext(sink.sink_id, 7, "1", 0), [_batch("x", 10)])
+    ack = run_task(sink, TransactionContext(sink.sink_id, 7, "1", 0), [key_value_batch("x", 10)])
     # the broker aborting an expired transaction = bumping the epoch of its id (noida never expires)
     sink._client().fence(ack.handle["transactional_id"], 60_000)
     result = sink.create_committer().commit(_committable(ack))
     assert result.status is CommitStatus.LOST
     msg = result.detail
     assert "checkpoint 7" in msg and ack.handle["transactional_id"] in msg and f"{topic}-" in msg
-    assert _values(kafka_bootstrap, topic) == []
+    assert committed_values(kafka_bootstrap, topic) == []
 
 
 def test_kafka_sink_inv2_recommit_after_later_fence_is_not_data_loss(env, kafka_bootstrap):
     raw, topic = env
     sink = KafkaSink.from_options(raw, SCHEMA)
-    ack = run_task(sink, TransactionContext(sink.sink_id, 2, "0", 0), [_batch("c", 5)])
+    ack = run_task(sink, TransactionContext(sink.sink_id, 2, "0", 0), [key_value_batch("c", 5)])
     assert _commit(sink, _committable(ack)) is CommitStatus.COMMITTED
     sink._client().fence(ack.handle["transactional_id"], 60_000)  # the id is reused later
     assert _commit(sink, _committable(ack)) is CommitStatus.ALREADY_COMMITTED  # verified visible
-    assert len(_values(kafka_bootstrap, topic)) == 5
+    assert len(committed_values(kafka_bootstrap, topic)) == 5
 
 
 def test_kafka_sink_inv4_zombie_is_swept_never_reused(env, kafka_bootstrap):
@@ -113,19 +94,19 @@ def test_kafka_sink_inv4_zombie_is_swept_never_reused(env, kafka_bootstrap):
     sink = KafkaSink.from_options(raw, SCHEMA)
     prepare_sink(sink, raw["checkpointLocation"], what="test")
     zombie = sink.create_writer(TransactionContext(sink.sink_id, 4, "0", 0, task_attempt_id=1))
-    zombie.write(_batch("zombie", 10))
+    zombie.write(key_value_batch("zombie", 10))
     zombie.producer.flush()
     ctx = TransactionContext(sink.sink_id, 4, "0", 0, task_attempt_id=1)  # the very same attempt identity
-    fresh = run_task(sink, ctx, [_batch("fresh", 10)])
+    fresh = run_task(sink, ctx, [key_value_batch("fresh", 10)])
     assert fresh.handle["transactional_id"] != zombie.transactional_id
     assert CheckpointCoordinator(sink).complete_batch(4, [fresh], ["0"]) == "COMMITTED"
     # the sweep after the commit fenced the zombie: it can no longer write or commit
     with pytest.raises(Exception):
-        zombie.write(_batch("zombie2", 1))
+        zombie.write(key_value_batch("zombie2", 1))
         zombie.producer.flush()
         zombie.producer.commit_transaction()
     zombie.abort()
-    assert _values(kafka_bootstrap, topic) == sorted(f"fresh-{i}".encode() for i in range(10))
+    assert committed_values(kafka_bootstrap, topic) == sorted(f"fresh-{i}".encode() for i in range(10))
     assert _no_open_transactions(sink)
 
 
@@ -134,15 +115,15 @@ def test_kafka_sink_inv4_speculative_attempt_never_fences_committed_attempt(env,
     sink = KafkaSink.from_options(raw, SCHEMA)
     owner = raw["checkpointLocation"]
     prepare_sink(sink, owner, what="test")
-    first = run_task(sink, TransactionContext(sink.sink_id, 0, "0", 0), [_batch("first", 10)])
+    first = run_task(sink, TransactionContext(sink.sink_id, 0, "0", 0), [key_value_batch("first", 10)])
     # a speculative copy of the same partition starts after the first attempt pre-committed
     spec = sink.create_writer(TransactionContext(sink.sink_id, 0, "0", 1))
-    spec.write(_batch("spec", 10))
+    spec.write(key_value_batch("spec", 10))
     spec.producer.flush()
     assert spec.transactional_id != first.handle["transactional_id"]
     # Spark commits the first attempt's message; the speculative one never reaches the driver
     assert CheckpointCoordinator(sink).complete_batch(0, [first], ["0"]) == "COMMITTED"
-    assert _values(kafka_bootstrap, topic) == sorted(f"first-{i}".encode() for i in range(10))
+    assert committed_values(kafka_bootstrap, topic) == sorted(f"first-{i}".encode() for i in range(10))
     # the loser was fenced by abort_lingering after the commit: nothing open blocks readers
     assert _no_open_transactions(sink)
     assert end_offsets(kafka_bootstrap, topic, "read_committed") == end_offsets(kafka_bootstrap, topic)
@@ -155,17 +136,17 @@ def test_kafka_sink_recovery_commits_completed_then_aborts_the_rest(env, kafka_b
     owner = raw["checkpointLocation"]
     prepare_sink(sink, owner, what="test")
     log = sink.transaction_log()
-    a0 = run_task(sink, TransactionContext(sink.sink_id, 0, "0", 0), [_batch("b0", 4)])
+    a0 = run_task(sink, TransactionContext(sink.sink_id, 0, "0", 0), [key_value_batch("b0", 4)])
     CheckpointCoordinator(sink).complete_batch(0, [a0], ["0"])
     # checkpoint 1: two tasks prepared, the decision durable, then the driver died (writers gone too)
-    acks = [_write_elsewhere(raw, 1, str(t), 0, 6, f"b1t{t}") for t in range(2)]
+    acks = [write_in_another_process(raw, 1, str(t), 0, 6, f"b1t{t}") for t in range(2)]
     log.transition(1, CheckpointState.PENDING)
     log.transition(1, CheckpointState.COMPLETED, handles={a.task_id: a.handle for a in acks})
     # and a lingering attempt of checkpoint 1 that no record owns
-    _write_elsewhere(raw, 1, "0", 3, 5, "lingering")
+    write_in_another_process(raw, 1, "0", 3, 5, "lingering")
     assert not _no_open_transactions(sink)
     prepare_sink(KafkaSink.from_options(raw, SCHEMA), owner, what="test")  # the restart
-    vals = _values(kafka_bootstrap, topic)
+    vals = committed_values(kafka_bootstrap, topic)
     assert len(vals) == 4 + 12 and not any(v.startswith(b"lingering") for v in vals)
     assert log.get(1).state is CheckpointState.COMMITTED
     assert _no_open_transactions(sink)
@@ -196,15 +177,15 @@ def test_kafka_sink_recovery_without_list_transactions_fences_known_id_space(env
     raw, topic = env
     sink = KafkaSink.from_options(raw, SCHEMA)
     prepare_sink(sink, raw["checkpointLocation"], what="test")
-    acks = [run_task(sink, TransactionContext(sink.sink_id, 0, str(t), 0), [_batch(f"t{t}", 3)]) for t in range(2)]
+    acks = [run_task(sink, TransactionContext(sink.sink_id, 0, str(t), 0), [key_value_batch(f"t{t}", 3)]) for t in range(2)]
     lingering = sink.create_writer(TransactionContext(sink.sink_id, 0, "1", 5))
-    lingering.write(_batch("lingering", 3))
+    lingering.write(key_value_batch("lingering", 3))
     lingering.producer.flush()
     monkeypatch.setattr(TxnClient, "list_transactions", lambda self, prefix, states=("Ongoing",): None)
     assert CheckpointCoordinator(sink).complete_batch(0, acks, ["0", "1"]) == "COMMITTED"
     monkeypatch.undo()
     assert _no_open_transactions(sink)
-    assert len(_values(kafka_bootstrap, topic)) == 6
+    assert len(committed_values(kafka_bootstrap, topic)) == 6
 
 
 def test_kafka_sink_inv4_resubmitted_stage_attempt_never_aborts_prepared_attempt(env, kafka_bootstrap):
@@ -214,14 +195,14 @@ def test_kafka_sink_inv4_resubmitted_stage_attempt_never_aborts_prepared_attempt
     raw, topic = env
     sink = KafkaSink.from_options(raw, SCHEMA)
     prepare_sink(sink, raw["checkpointLocation"], what="test")
-    old = run_task(sink, TransactionContext(sink.sink_id, 0, "0", 0, task_attempt_id=3), [_batch("old", 10)])
+    old = run_task(sink, TransactionContext(sink.sink_id, 0, "0", 0, task_attempt_id=3), [key_value_batch("old", 10)])
     new = sink.create_writer(TransactionContext(sink.sink_id, 0, "0", 0, task_attempt_id=11))
     try:
-        new.write(_batch("new", 10))
+        new.write(key_value_batch("new", 10))
         new.producer.flush()
         # Spark's commit coordinator let the old attempt commit: the driver commits its handle
         assert CheckpointCoordinator(sink).complete_batch(0, [old], ["0"]) == "COMMITTED"
-        assert _values(kafka_bootstrap, topic) == sorted(f"old-{i}".encode() for i in range(10))
+        assert committed_values(kafka_bootstrap, topic) == sorted(f"old-{i}".encode() for i in range(10))
         assert new.transactional_id != old.handle["transactional_id"]
     finally:
         new.abort()
@@ -238,25 +219,25 @@ def test_kafka_sink_inv6_expired_batch_mid_task_fails_the_task_never_commits_sho
            "kafka.linger.ms": "0"}
     sink = KafkaSink.from_options(raw, SCHEMA)
     writer = sink.create_writer(TransactionContext(sink.sink_id, 0, "0", 0, task_attempt_id=1))
-    writer.write(_batch("before", 10))
+    writer.write(key_value_batch("before", 10))
     writer.producer.flush()
     with broker_paused(kafka_bootstrap):
-        writer.write(_batch("during", 10))  # in flight when the request times out
+        writer.write(key_value_batch("during", 10))  # in flight when the request times out
         time.sleep(2.5)
-        writer.write(_batch("during2", 10))  # never leaves the client: expires in the accumulator
+        writer.write(key_value_batch("during2", 10))  # never leaves the client: expires in the accumulator
         time.sleep(5)
     time.sleep(1)
     try:  # librdkafka refuses records once the transaction failed (the write fails), kafka-python at pre-commit
-        writer.write(_batch("after", 10))
+        writer.write(key_value_batch("after", 10))
         committable = writer.prepare_commit()
     except TransientSinkError as e:
         assert "acknowledged" in str(e), str(e)
         writer.abort()
-        assert _values(kafka_bootstrap, topic) == []
+        assert committed_values(kafka_bootstrap, topic) == []
         return
     assert committable.records == 40
     assert _commit(sink, committable) is CommitStatus.COMMITTED
-    assert len(_values(kafka_bootstrap, topic)) == 40, "committed short: records of the task were silently lost"
+    assert len(committed_values(kafka_bootstrap, topic)) == 40, "committed short: records of the task were silently lost"
 
 
 def test_kafka_sink_timeout_refused_by_broker_fails_early_on_the_driver(env):
@@ -273,7 +254,7 @@ def test_kafka_sink_inv2_data_loss_names_the_operator_command(env):
     raw, _topic = env
     sink = KafkaSink.from_options(raw, SCHEMA)
     prepare_sink(sink, raw["checkpointLocation"], what="test")
-    ack = run_task(sink, TransactionContext(sink.sink_id, 4, "0", 0), [_batch("gone", 3)])
+    ack = run_task(sink, TransactionContext(sink.sink_id, 4, "0", 0), [key_value_batch("gone", 3)])
     sink._client().fence(ack.handle["transactional_id"], 60_000)
     with pytest.raises(DataLossError) as e:
         CheckpointCoordinator(sink).complete_batch(4, [ack], ["0"])
@@ -291,11 +272,11 @@ def test_kafka_sink_inv7_batch_close_to_the_timeout_blocks_the_next_batch(env, k
     sink = KafkaSink.from_options(raw, SCHEMA)
     owner = raw["checkpointLocation"]
     prepare_sink(sink, owner, what="test")
-    ack = run_task(sink, TransactionContext(sink.sink_id, 0, "0", 0), [_batch("slow", 5)])
+    ack = run_task(sink, TransactionContext(sink.sink_id, 0, "0", 0), [key_value_batch("slow", 5)])
     slow = Ack(ack.checkpoint_id, ack.task_id, ack.attempt_uid, {**ack.handle, "began_at": time.time() - 40},
                ack.records)
     assert CheckpointCoordinator(sink).complete_batch(0, [slow], ["0"]) == "COMMITTED"
-    assert len(_values(kafka_bootstrap, topic)) == 5
+    assert len(committed_values(kafka_bootstrap, topic)) == 5
     with pytest.raises(ConfigurationError, match="kafka.transaction.timeout.ms"):
         prepare_sink(KafkaSink.from_options(raw, SCHEMA), owner, what="test")
     # raising the timeout (here to 15 min) lets the query go on
@@ -311,14 +292,14 @@ def test_kafka_sink_inv4_every_slot_open_fails_the_task_never_reinitialises(env,
     held = []
     for uid in (0, 1):
         writer = sink.create_writer(TransactionContext(sink.sink_id, 2, "0", 0, task_attempt_id=uid))
-        writer.write(_batch(f"held{uid}", 3))
+        writer.write(key_value_batch(f"held{uid}", 3))
         held.append(writer.prepare_commit())
     assert len({h.transactional_id for h in held}) == 2
     with pytest.raises(TransientSinkError, match="transactionalIdAttempts"):
         sink.create_writer(TransactionContext(sink.sink_id, 2, "0", 0, task_attempt_id=5))
     for h in held:  # both prepared transactions survived and commit
         assert _commit(sink, h) is CommitStatus.COMMITTED
-    assert len(_values(kafka_bootstrap, topic)) == 6
+    assert len(committed_values(kafka_bootstrap, topic)) == 6
 
 
 def test_kafka_sink_topic_option_wins_over_a_topic_column(env, kafka_bootstrap):
@@ -335,8 +316,8 @@ def test_kafka_sink_topic_option_wins_over_a_topic_column(env, kafka_bootstrap):
     prepare_sink(sink, raw["checkpointLocation"], what="test")
     ack = run_task(sink, TransactionContext(sink.sink_id, 0, "0", 0, task_attempt_id=1), [batch])
     assert CheckpointCoordinator(sink).complete_batch(0, [ack], ["0"]) == "COMMITTED"
-    assert _values(kafka_bootstrap, topic) == sorted(b"v%d" % i for i in range(6))
-    assert _values(kafka_bootstrap, source_topic) == []
+    assert committed_values(kafka_bootstrap, topic) == sorted(b"v%d" % i for i in range(6))
+    assert committed_values(kafka_bootstrap, source_topic) == []
     assert sum(end_offsets(kafka_bootstrap, source_topic).values()) == 0
 
 
