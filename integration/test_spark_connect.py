@@ -1,7 +1,8 @@
 """twophase from a Spark Connect client: the server is ``sbin/start-connect-server.sh`` of the PySpark
 distribution, the client a separate process with only a ``sc://`` URL. The formats are found on the server
 (PySpark's discovery modules, no register()); ``foreach_batch`` runs in the server's foreachBatch worker (no
-``df.rdd``, which Connect does not have). Every input record must land once."""
+``df.rdd``, which Connect does not have); a batch write (``df.write``) runs twice with one writeId. Every
+input record must land once."""
 
 from __future__ import annotations
 
@@ -39,9 +40,14 @@ CLIENT = textwrap.dedent('''
     assert q.exception() is None, q.exception()
     kafka = spark.readStream.format("twophase-kafka").option("kafka.bootstrap.servers", "127.0.0.1:9").option(
         "subscribe", "t").load()
+    out3 = out2 + "-batch"
+    for _ in range(2):  # a batch write; its re-run with the same writeId writes nothing
+        spark.range(0, 300, numPartitions=3).write.format("twophase-file").mode("append").option(
+            "writeId", "connect-1").save(out3)
     ids1 = [r["id"] for r in spark.read.parquet(out1).select("id").collect()]
     ids2 = [r["id"] for r in spark.read.parquet(out2).select("id").collect()]
-    print(json.dumps({"ids1": sorted(ids1), "ids2": sorted(ids2), "kafka": kafka.columns[:2]}))
+    ids3 = [r["id"] for r in spark.read.parquet(out3).select("id").collect()]
+    print(json.dumps({"ids1": sorted(ids1), "ids2": sorted(ids2), "ids3": sorted(ids3), "kafka": kafka.columns[:2]}))
     spark.stop()
 ''')
 
@@ -92,4 +98,5 @@ def test_spark_connect_client_format_and_foreach_batch_exactly_once(connect_url,
     assert res.returncode == 0, res.stderr[-4000:]
     got = json.loads(res.stdout.strip().splitlines()[-1])
     assert got["ids1"] == list(range(300)) and got["ids2"] == list(range(300))
+    assert got["ids3"] == list(range(300))  # df.write from a Connect client, once
     assert got["kafka"] == ["key", "value"]

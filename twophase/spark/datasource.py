@@ -223,7 +223,7 @@ class TwoPhaseSinkDataSource(DataSource, abc.ABC):
             sink = self.build_sink(schema)
         finally:
             self.options = sink_options
-        if sink.guarantee is not Guarantee.AT_LEAST_ONCE and not sink.supports_write_jobs:
+        if not sink.supports_write_jobs:
             sink.write_job_spec("-")  # raises: names the streaming way
         return TwoPhaseBatchWriter(plan_write_job(sink, write_id=job_opts["writeId"],
                                                   abandon_after_ms=job_opts["batch.abandonAfter"]))
