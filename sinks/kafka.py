@@ -123,6 +123,7 @@ import socket
 import threading
 import time
 import types
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping, Optional, TypedDict
 
@@ -137,7 +138,7 @@ from twophase.log import LogStore, TransactionLog, decode_record, encode_record
 from twophase.log_s3 import S3_CLIENT_OPTIONS, S3_SCHEMES, S3Config, open_log_store, parse_s3_url, s3_config_from
 from twophase.options import Option, parse_choice, parse_duration_ms, parse_positive_int, parse_options
 from twophase.sink import (Committable, CommitResult, CommitStatus, Guarantee, SinkCommitter, SinkSpec, SinkWriter,
-                           TransactionContext)
+                           TransactionContext, sink_token)
 
 _log = get_logger(__name__)
 
@@ -230,6 +231,8 @@ class KafkaSinkOptions:
     client: str = "librdkafka"
     #: endpoint and credentials of a log / prefix registry on S3 (``s3.*`` options); its repr masks the secrets
     s3: S3Config = field(default_factory=S3Config)
+    #: the spec of one batch write (:meth:`KafkaSink.write_job_spec`): its log's ids are runs, never re-run
+    write_job: bool = False
 
     @classmethod
     def from_options(cls, raw: Mapping[str, Any], schema: Any = None) -> "KafkaSinkOptions":
@@ -408,6 +411,20 @@ class KafkaSink(SinkSpec[KafkaCommittable]):
     #: a losing attempt's open transaction holds back read_committed consumers: fence it right after
     #: the commit, not only at the next micro-batch's recovery
     sweep_after_commit = True
+    supports_write_jobs = True
+
+    def write_job_spec(self, key: str) -> "KafkaSink":
+        """One batch write (:mod:`twophase.write_job`): its own sink id, its log under this sink's log
+        (``log.location`` or ``checkpointLocation`` is required: Kafka has no place of its own for it) and its
+        own transactional prefix ``<prefix>.w<token of key>``, so its sweeps fence only its own ids."""
+        if not (self.options.log_location or self.options.owner):
+            raise ConfigurationError(f"{SINK}: a batch write needs a place for its transaction log: add "
+                                     ".option('log.location', '/path/or/s3://bucket/prefix') (kept across runs, so that "
+                                     "a re-run with the same writeId writes nothing)")
+        return type(self)(dataclasses.replace(
+            self.options, sink_id=f"{self.sink_id}#write:{key}",
+            log_location=_join(self.log_location().rstrip("/"), f"write-jobs/{key}"),
+            transactional_id_prefix=f"{self.prefix}.w{sink_token(key)}", owner=None, write_job=True))
 
     def __init__(self, options: KafkaSinkOptions) -> None:
         self.options = options
@@ -1248,9 +1265,14 @@ class KafkaCommitter(SinkCommitter[KafkaCommittable]):
         ABORTED checkpoint id (which Spark does after a failed batch) from being fenced by the recovery
         that precedes its commit. Nothing committed yet: nothing is fenced.
         """
-        if self.sink.guarantee is Guarantee.AT_LEAST_ONCE or highest_committed is None:
+        if self.sink.guarantee is Guarantee.AT_LEAST_ONCE:
             return 0
-        n = min(up_to_checkpoint, highest_committed)
+        if self.options.write_job:  # a batch write's ids are runs, never re-attempted: no clamp needed
+            n = up_to_checkpoint
+        elif highest_committed is None:
+            return 0
+        else:
+            n = min(up_to_checkpoint, highest_committed)
         generation = n % 2
         kept = self.sink._live_above(n)  # invariant 4: undecided ids of newer checkpoints begun in this process
         client = self.sink._client()

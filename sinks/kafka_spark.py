@@ -136,7 +136,8 @@ class KafkaBatchReader(DataSourceReader):
                 for s in KafkaSource.splits_of(start, end, self.options.min_partitions)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        assert isinstance(partition, KafkaInputPartition)
+        if not isinstance(partition, KafkaInputPartition):  # PySpark's one stand-in when no range has records
+            return
         yield from KafkaSplitReader(self.options).read(partition.split())
 
 

@@ -220,3 +220,23 @@ def test_kafka_min_offsets_per_trigger_holds_batches_until_enough_or_max_trigger
         assert held >= 8, f"the 5 records came {held:.1f} s after the last batch, before maxTriggerDelay"
     finally:
         q.stop()
+
+
+def test_kafka_batch_write_with_a_write_id_commits_once(spark, kafka_bootstrap, tmp_path, registry):
+    """df.write.format("twophase-kafka"): all or nothing, read_committed; the same writeId again writes nothing;
+    without log.location it is refused, naming the option."""
+    dst = create_topic(kafka_bootstrap, unique("bw"), 2)
+    df = spark.range(0, 300, numPartitions=3).selectExpr("CAST(id AS STRING) AS key", "CAST(id AS STRING) AS value")
+
+    def write(**extra):
+        w = (df.write.format("twophase-kafka").mode("append").option("kafka.bootstrap.servers", kafka_bootstrap)
+             .option("topic", dst).option("prefixRegistry", registry).option("kafka.transaction.timeout.ms", "900000"))
+        for k, v in extra.items():
+            w = w.option(k, v)
+        w.save()
+    for _ in range(2):
+        write(**{"writeId": "kafka-1", "log.location": str(tmp_path / "logs")})
+    values = collections.Counter(r.value for r in read_topic(kafka_bootstrap, dst))
+    assert sorted(int(v) for v in values) == list(range(300)) and set(values.values()) == {1}
+    with pytest.raises(Exception, match="log.location"):
+        write(writeId="kafka-2")
