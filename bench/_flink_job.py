@@ -7,11 +7,12 @@ exactly-once, aligned checkpoints every 100 ms, parallelism 2.
 
 Configurations (``--configs``, comma separated):
 
-``udf-row`` / ``udf-bulk``
+``udf-row`` / ``udf-bulk`` (``udf-row-thread`` / ``udf-bulk-thread``)
     Java ``NumberSequenceSource`` sources; the key selector and the keyed count (a
-    ``KeyedProcessFunction`` with a ``ValueState``) are Python UDFs run by PyFlink's Python worker
-    (``--python-mode process``: Beam's fn harness over gRPC, the default; ``thread``: embedded with
-    pemja); FileSink in row format (``SimpleStringEncoder``) or bulk format (``CsvBulkWriters``).
+    ``KeyedProcessFunction`` with a ``ValueState``) are Python UDFs run by PyFlink's Python workers
+    (``python.execution-mode=process``: Beam's fn harness, a worker process per operator and subtask,
+    records and state requests over gRPC; ``-thread``: the same functions embedded in the JVM with pemja);
+    FileSink in row format (``SimpleStringEncoder``) or bulk format (``CsvBulkWriters``).
 ``sql-row`` / ``sql-bulk``
     Java sources, and the keyed count in Java: ``COUNT(*) OVER (PARTITION BY k ORDER BY proctime)``
     (Flink's keyed over-aggregation operator, a ValueState/MapState per key), turned back into a
@@ -34,7 +35,8 @@ import sys
 import time
 
 
-def build_and_run(cfg: str, records: int, out: str, interval_ms: int, python_mode: str, parallelism: int) -> dict:
+def build_and_run(cfg: str, records: int, out: str, interval_ms: int, python_mode: str, parallelism: int,
+                  extra_conf: list[str]) -> dict:
     from pyflink.common import Configuration, Encoder, Row, Types, WatermarkStrategy
     from pyflink.datastream import CheckpointingMode, StreamExecutionEnvironment
     from pyflink.datastream.connectors.file_system import BucketAssigner, FileSink, OutputFileConfig, RollingPolicy
@@ -44,9 +46,16 @@ def build_and_run(cfg: str, records: int, out: str, interval_ms: int, python_mod
     from pyflink.datastream.state import ValueStateDescriptor
     from pyflink.table import DataTypes, Schema, StreamTableEnvironment
 
-    kind, fmt = cfg.split("-")
+    kind, fmt, *mode = cfg.split("-")
+    python_mode = mode[0] if mode else python_mode
     conf = Configuration()
     conf.set_string("python.execution-mode", python_mode)
+    conf.set_string("python.executable", sys.executable)  # the Python worker: this venv's, which has pyflink
+    conf.set_string("python.client.executable", sys.executable)
+    conf.set_string("restart-strategy.type", "none")  # a failure fails the run instead of restarting forever
+    for kv in extra_conf:
+        k, _, v = kv.partition("=")
+        conf.set_string(k, v)
     conf.set_string("execution.checkpointing.dir", "file://" + os.path.join(out + "-ckpt"))
     conf.set_string("execution.checkpointing.storage", "filesystem")
     env = StreamExecutionEnvironment.get_execution_environment(conf)
@@ -77,7 +86,7 @@ def build_and_run(cfg: str, records: int, out: str, interval_ms: int, python_mod
         t_env.create_temporary_view("b", t_env.from_data_stream(b, schema))
         table = t_env.sql_query(
             "SELECT id, k, COUNT(*) OVER (PARTITION BY k ORDER BY pt ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)"
-            " AS n FROM (SELECT f0 AS id, f0 % 1000 AS k, pt FROM a UNION ALL SELECT f0 AS id, f0 % 1000 AS k, pt FROM b)")
+            " AS n FROM (SELECT f0 AS id, CAST(f0 % 1000 AS BIGINT) AS k, pt FROM a UNION ALL SELECT f0 AS id, CAST(f0 % 1000 AS BIGINT) AS k, pt FROM b)")
         counted = t_env.to_data_stream(table)  # DataStream<Row>, Java; rows print as +I[id, k, n]
     else:
         raise SystemExit(f"unknown configuration {cfg!r}")
@@ -140,6 +149,7 @@ def main() -> int:
     ap.add_argument("--interval-ms", type=int, default=100)
     ap.add_argument("--parallelism", type=int, default=2)
     ap.add_argument("--python-mode", default="process", choices=("process", "thread"))
+    ap.add_argument("--conf", action="append", default=[], help="KEY=VALUE, a Flink option (repeatable)")
     ap.add_argument("--warmup", type=int, default=0, help="records of an untimed first job of each configuration")
     args = ap.parse_args()
     log_dir = os.environ.get("FLINK_LOG_DIR")
@@ -149,9 +159,9 @@ def main() -> int:
     for i, cfg in enumerate(c for c in args.configs.split(",") if c):
         if args.warmup:
             build_and_run(cfg, args.warmup, os.path.join(args.out, f"warmup-{i}-{cfg}"), args.interval_ms,
-                          args.python_mode, args.parallelism)
+                          args.python_mode, args.parallelism, args.conf)
         r = build_and_run(cfg, args.records, os.path.join(args.out, f"{i}-{cfg}"), args.interval_ms,
-                          args.python_mode, args.parallelism)
+                          args.python_mode, args.parallelism, args.conf)
         r["checkpoints"], r["declined"] = checkpoints_from_log(log_dir, r["job_id"])
         r["flink_version"] = getattr(pyflink, "__version__", None) or _version()
         print("RESULT " + json.dumps(r), flush=True)

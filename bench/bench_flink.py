@@ -27,8 +27,10 @@ pyarrow/pandas). Give its Python with ``--flink-python`` or ``TWOPHASE_FLINK_PYT
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import json
+import math
 import os
 import platform
 import shutil
@@ -37,7 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -51,7 +53,7 @@ from twophase.sinks.files import FileSink  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 FLINK_JOB = os.path.join(HERE, "_flink_job.py")
 KEYS = 1000
-FLINK_CONFIGS = ("udf-row", "udf-bulk", "sql-row", "sql-bulk")
+FLINK_CONFIGS = ("udf-row", "udf-bulk", "udf-row-thread", "udf-bulk-thread", "sql-row", "sql-bulk")
 SETUP_HINT = ("create it with `bash scripts/flink_venv.sh /path/to/flinkvenv` (a separate virtualenv with "
               "`pip install apache-flink`; Java 11+ on PATH), then pass --flink-python /path/to/flinkvenv/bin/python "
               "or export TWOPHASE_FLINK_PYTHON=/path/to/flinkvenv/bin/python")
@@ -105,31 +107,37 @@ def build_twophase(out: str, n: int, fmt: str) -> JobGraph:
     return g
 
 
-_COMMITTED: list[tuple[int, float, float]] = []  # (checkpoint id, triggered_at, committed_at), time.time()
-_orig_on_completed = _job._Attempt.on_completed
+@contextlib.contextmanager
+def commit_times() -> Iterator[list[tuple[int, float, float]]]:
+    """Bench-only instrumentation, undone on exit: (checkpoint id, triggered_at, committed_at) per completed
+    checkpoint, in time.time(). The runner's completion listener runs after the coordinator committed
+    (``CheckpointCoordinator._complete_and_commit``: durable decision, commit, then the listeners)."""
+    seen: list[tuple[int, float, float]] = []
+    orig = _job._Attempt.on_completed
 
-
-def _on_completed(self, completed):  # the coordinator calls its listeners after the commit (step 4)
-    _COMMITTED.append((completed.checkpoint_id, completed.triggered_at, time.time()))
-    return _orig_on_completed(self, completed)
-
-
-_job._Attempt.on_completed = _on_completed  # bench-only instrumentation: dates the commit
+    def on_completed(self, completed):
+        seen.append((completed.checkpoint_id, completed.triggered_at, time.time()))
+        return orig(self, completed)
+    _job._Attempt.on_completed = on_completed
+    try:
+        yield seen
+    finally:
+        _job._Attempt.on_completed = orig
 
 
 def run_twophase(n: int, fmt: str, workdir: str, tag: str) -> dict:
     out = os.path.join(workdir, f"twophase-{tag}-{fmt}")
     g = build_twophase(out, n, fmt)
     runner = JobRunner(g, checkpointing=CheckpointConfig(0.1, mode="aligned"))
-    del _COMMITTED[:]
-    t = time.perf_counter()
-    result = runner.run()
-    wall = time.perf_counter() - t
+    with commit_times() as committed:
+        t = time.perf_counter()
+        result = runner.run()
+        wall = time.perf_counter() - t
     m = result.metrics
     return {"side": "twophase", "config": f"twophase-{fmt}", "records": n, "out": out, "run_s": wall, "wall_s": wall,
             "completed": len(m.checkpoints_completed), "declined": 0,
             "trigger_to_completed_s": list(m.checkpoint_durations_s),
-            "trigger_to_committed_s": [c - t0 for _, t0, c in _COMMITTED]}
+            "trigger_to_committed_s": [c - t0 for _, t0, c in committed]}
 
 
 def read_twophase(out: str, fmt: str) -> list[tuple[int, int, int]]:
@@ -171,16 +179,20 @@ def flink_python(arg: Optional[str]) -> str:
     return path
 
 
-def run_flink(py: str, configs: list[str], n: int, workdir: str, tag: str, python_mode: str,
-              warmup: int) -> list[dict]:
+def run_flink(py: str, configs: list[str], n: int, workdir: str, tag: str, extra_conf: list[str],
+              warmup: int, timeout_s: float) -> list[dict]:
     out = os.path.join(workdir, f"flink-{tag}")
     log_dir = os.path.join(workdir, f"flink-log-{tag}")
     os.makedirs(log_dir)
     env = dict(os.environ, FLINK_LOG_DIR=log_dir)
     env.pop("PYTHONPATH", None)  # the project's path must not leak into the PyFlink venv
     cmd = [py, FLINK_JOB, "--configs", ",".join(configs), "--records", str(n), "--out", out,
-           "--python-mode", python_mode, "--warmup", str(warmup)]
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+           "--warmup", str(warmup)] + [a for kv in extra_conf for a in ("--conf", kv)]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise SystemExit(f"bench_flink.py: the Flink run took over {timeout_s:.0f}s (--flink-timeout); Flink's log is "
+                         f"in {log_dir}")
     results = [json.loads(line[len("RESULT "):]) for line in p.stdout.splitlines() if line.startswith("RESULT ")]
     if p.returncode != 0 or len(results) != len(configs):
         sys.stderr.write(p.stdout[-4000:] + p.stderr[-8000:])
@@ -262,7 +274,8 @@ def ms(xs: list[float]) -> str:
     if not xs:
         return "-"
     xs = sorted(xs)
-    return f"{statistics.median(xs) * 1e3:.0f} / {xs[int(0.95 * (len(xs) - 1))] * 1e3:.0f} / {xs[-1] * 1e3:.0f}"
+    p95 = xs[max(0, math.ceil(0.95 * len(xs)) - 1)]  # nearest rank
+    return f"{statistics.median(xs) * 1e3:.0f} / {p95 * 1e3:.0f} / {xs[-1] * 1e3:.0f}"
 
 
 DESCRIBE = {
@@ -270,11 +283,16 @@ DESCRIBE = {
     "twophase-parquet": ("twophase runtime", "Python (generated)", "Python thread", "twophase FileSink, Parquet (bulk)"),
     "udf-row": ("PyFlink DataStream", "Java NumberSequenceSource", "Python UDF", "FileSink row format"),
     "udf-bulk": ("PyFlink DataStream", "Java NumberSequenceSource", "Python UDF", "FileSink bulk, CSV"),
+    "udf-row-thread": ("PyFlink DataStream", "Java NumberSequenceSource", "Python UDF (thread mode)",
+                       "FileSink row format"),
+    "udf-bulk-thread": ("PyFlink DataStream", "Java NumberSequenceSource", "Python UDF (thread mode)",
+                        "FileSink bulk, CSV"),
     "sql-row": ("Flink SQL over-agg -> DataStream", "Java NumberSequenceSource", "Java", "FileSink row format"),
     "sql-bulk": ("Flink SQL over-agg -> DataStream", "Java NumberSequenceSource", "Java", "FileSink bulk, CSV"),
 }
 BASELINE = {"twophase-csv": "twophase-csv", "twophase-parquet": "twophase-parquet", "udf-row": "twophase-csv",
-            "udf-bulk": "twophase-parquet", "sql-row": "twophase-csv", "sql-bulk": "twophase-parquet"}
+            "udf-bulk": "twophase-parquet", "udf-row-thread": "twophase-csv",
+            "udf-bulk-thread": "twophase-parquet", "sql-row": "twophase-csv", "sql-bulk": "twophase-parquet"}
 
 
 def main() -> int:
@@ -284,10 +302,11 @@ def main() -> int:
     ap.add_argument("--flink-python", help="the PyFlink venv's python (else $TWOPHASE_FLINK_PYTHON)")
     ap.add_argument("--flink-configs", default=",".join(FLINK_CONFIGS),
                     help=f"comma-separated subset of {', '.join(FLINK_CONFIGS)}")
-    ap.add_argument("--python-mode", default="process", choices=("process", "thread"),
-                    help="PyFlink's python.execution-mode for the udf-* configurations")
+    ap.add_argument("--flink-conf", action="append", default=[], metavar="KEY=VALUE",
+                    help="an extra Flink option for every Flink job (repeatable)")
     ap.add_argument("--flink-warmup", type=int, default=20_000,
                     help="records of an untimed job per Flink configuration and round (JIT, Python worker)")
+    ap.add_argument("--flink-timeout", type=float, default=1800.0, help="seconds for one round's Flink subprocess")
     ap.add_argument("--keep", action="store_true", help="keep the outputs (their directory is printed)")
     args = ap.parse_args()
     configs = [c for c in args.flink_configs.split(",") if c]
@@ -309,7 +328,8 @@ def main() -> int:
                 r = run_twophase(args.records, fmt, workdir, f"r{rnd}")
                 r["check"] = verify(read_twophase(r["out"], fmt), args.records)
                 runs.setdefault(r["config"], []).append(r)
-            for r in run_flink(py, configs, args.records, workdir, f"r{rnd}", args.python_mode, args.flink_warmup):
+            for r in run_flink(py, configs, args.records, workdir, f"r{rnd}", args.flink_conf, args.flink_warmup,
+                               args.flink_timeout):
                 r["check"] = verify(read_flink(r["out"]), args.records)
                 runs.setdefault(r["config"], []).append(r)
             print(f"round {rnd + 1}/{args.repeat}: " + ", ".join(
@@ -326,7 +346,7 @@ def main() -> int:
     print(f"\n2 sources (2 splits each) -> union -> key_by(id % {KEYS}) -> keyed running count (p=2) -> exactly-once "
           f"file sink (p=2), aligned checkpoints every 100 ms; {args.records:,} records, best of {args.repeat} "
           f"interleaved rounds; {os.cpu_count()} cores; Python {platform.python_version()}, apache-flink "
-          f"{flink_version} (python.execution-mode={args.python_mode}), {java}\n")
+          f"{flink_version}{' ' + ' '.join(args.flink_conf) if args.flink_conf else ''}, {java}\n")
     print("| side | source | keyed count in | sink | records/s | x twophase (same sink kind) | job wall s | "
           "checkpoints completed (declined) | trigger -> completed ms, median / p95 / max | "
           "trigger -> committed ms, median / p95 / max | exactly once (all rounds) |")
