@@ -63,16 +63,26 @@ class MultipartStream(io.RawIOBase):
     Bytes are buffered and uploaded as a part whenever ``part_size`` is reached (at most two parts
     in flight on ``pool``); :meth:`finish` uploads the rest as the last part and returns the parts.
     Nothing is visible until someone completes the upload with those parts.
+
+    CreateMultipartUpload runs on ``pool`` too, while the task encodes its first part (a request of
+    tens of milliseconds no longer waits in front of the encoding). It is queued before any part of
+    this stream, so a part waiting for the upload id never holds the thread the create needs. A task
+    that dies before the id is known leaves an upload nobody names: the sweep finds it by its key.
     """
 
     def __init__(self, client: Any, bucket: str, key: str, part_size: int, pool: ThreadPoolExecutor) -> None:
         super().__init__()
         self.client, self.bucket, self.key, self.part_size, self.pool = client, bucket, key, part_size, pool
-        self.upload_id: str = client.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+        self._created: Future = pool.submit(client.create_multipart_upload, Bucket=bucket, Key=key)
         self._buf = bytearray()
         self._pos = 0
         self._futures: list[Future] = []
         self._parts: list[dict[str, Any]] = []
+
+    @property
+    def upload_id(self) -> str:
+        """The upload's id (waits for CreateMultipartUpload; raises what it raised)."""
+        return str(self._created.result()["UploadId"])
 
     def writable(self) -> bool:
         return True
@@ -114,7 +124,11 @@ class MultipartStream(io.RawIOBase):
         for f in self._futures:
             with contextlib.suppress(Exception):
                 f.result()
-        abort_upload(self.client, self.bucket, self.key, self.upload_id)
+        try:
+            upload_id = self.upload_id
+        except Exception:  # never created: nothing to abort (one created unseen is the sweep's)
+            return
+        abort_upload(self.client, self.bucket, self.key, upload_id)
 
 
 def complete_upload(client: Any, u: Mapping[str, Any]) -> str:

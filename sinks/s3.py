@@ -29,15 +29,25 @@ Invariants (``test_s3_sink_invN_*``):
    runs right after each commit (``sweep_after_commit``), so a loser attempt of the LAST batch of a run
    (a retried task whose first attempt died, a speculative copy) leaves no upload behind: one
    prefix-scoped ListMultipartUploads per batch. Safe against attempts still running: it runs once
-   checkpoint ``n`` is COMMITTED and every checkpoint below it is final, so no upload of a checkpoint
-   ``<= n`` can ever be completed again (a re-run's acks are aborted, never committed); an upload a
-   zombie creates after the listing is swept by the next batch's recovery or commit.
+   checkpoint ``n``'s uploads are completed and every checkpoint below it is final, so no upload of a
+   checkpoint ``<= n`` can ever be completed again (a re-run's acks are aborted, never committed); an
+   upload a zombie creates after the listing is swept by the next batch's commit. The committer sweeps
+   WITH the commit (``sweep_with_commit``: before COMMITTED is recorded, which then says so; completing
+   an upload again after the sweep is still "already", invariant 2), so the recovery before the next
+   batch lists no uploads when that record says swept: in the steady state one ListMultipartUploads per
+   batch in all. Whatever left uploads behind (a retried, speculative or zombie task, a crashed driver),
+   the next commit's sweep covers them, since it covers every checkpoint up to its own; the log's
+   attempt number could not tell (a retried task does not make a new attempt of its checkpoint).
+5. ``commit_checkpoint`` completes every upload of a checkpoint at once (a pool of
+   ``commit_parallelism`` threads): its commit takes one CompleteMultipartUpload's time, not one per
+   file; fault point ``mid_commit`` fires when the first upload is completed, the others done or not.
 """
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping, Optional, TypedDict
+from typing import Any, ClassVar, Mapping, Optional, Sequence, TypedDict
 
 import pyarrow as pa
 
@@ -46,6 +56,7 @@ from twophase.sinks._s3 import (MIN_PART_SIZE, MultipartStream, abort_lingering_
                                 check_bucket, complete_upload, multipart_etag)
 from twophase.sinks._filelike import FileLikeWriter, check_partition_columns
 from twophase.sinks._formats import FORMAT_OPTIONS, FormatOptions, FormatWriter, format_options, open_format_writer
+from twophase import faults
 from twophase._logging import get_logger
 from twophase._redact import safe_repr
 from twophase.errors import ConfigurationError, DataLossError
@@ -241,6 +252,7 @@ class S3Committer(SinkCommitter[S3Committable]):
 
     committable_type = S3Committable
     commit_parallelism = 8
+    sweep_with_commit = True  # invariant 4: an upload completed again after the sweep is "already"
 
     def __init__(self, sink: S3Sink) -> None:
         self.sink = sink
@@ -256,6 +268,40 @@ class S3Committer(SinkCommitter[S3Committable]):
                    task=committable.task_id, uploads=len(outcomes), already=outcomes.count("already"))
         already = bool(outcomes) and all(o == "already" for o in outcomes)
         return CommitResult(committable, CommitStatus.ALREADY_COMMITTED if already else CommitStatus.COMMITTED)
+
+    def commit_checkpoint(self, checkpoint_id: int, committables: Sequence[S3Committable], *,
+                          recovering: bool = False) -> list[CommitResult[S3Committable]]:
+        """Complete every upload of the checkpoint concurrently (invariant 5); one result per committable,
+        as :meth:`commit` gives it. A failure other than data loss is raised once the others finished."""
+        if not committables:
+            return []
+        jobs = [(i, u) for i, c in enumerate(committables) if c.guarantee != Guarantee.AT_LEAST_ONCE.value
+                for u in c.uploads]
+        outcomes: list[list[str]] = [[] for _ in committables]
+        lost: dict[int, str] = {}
+        if jobs:
+            with ThreadPoolExecutor(min(self.commit_parallelism, len(jobs)), thread_name_prefix="twophase-commit") as pool:
+                futures = {pool.submit(complete_upload, self.sink.client, u): i for i, u in jobs}
+                for n, done in enumerate(as_completed(futures)):
+                    i = futures[done]
+                    try:
+                        outcomes[i].append(done.result())
+                    except DataLossError as e:  # invariant 2: gone, and no object with its ETag
+                        lost[i] = f"{lost[i]}; {e}" if i in lost else str(e)
+                    if n == 0:
+                        faults.maybe_crash("mid_commit", checkpoint_id)
+        else:
+            faults.maybe_crash("mid_commit", checkpoint_id)
+        results = []
+        for i, c in enumerate(committables):
+            if i in lost:
+                results.append(CommitResult(c, CommitStatus.LOST, lost[i]))
+                continue
+            already = bool(outcomes[i]) and all(o == "already" for o in outcomes[i])
+            results.append(CommitResult(c, CommitStatus.ALREADY_COMMITTED if already else CommitStatus.COMMITTED))
+        _log.debug("s3_checkpoint_committed", sink_id=self.sink.sink_id, checkpoint_id=checkpoint_id,
+                   uploads=len(jobs), already=sum(o.count("already") for o in outcomes), lost=len(lost))
+        return results
 
     def abort(self, committable: S3Committable, *, recovering: bool = False) -> None:
         if committable.guarantee == Guarantee.AT_LEAST_ONCE.value:
