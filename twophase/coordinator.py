@@ -23,6 +23,9 @@ Invariants (named in tests as ``test_coordinator_invN_*``):
    transaction of checkpoints up to the highest committed id, before any new data is written.
    Lingering transactions of higher (aborted) ids are left alone, since such an id may be attempted
    again at this very moment; they are aborted once a later checkpoint commits (step 5).
+   A sink that sweeps with the commit (``SinkCommitter.sweep_with_commit``: S3) has done that sweep when
+   the highest COMMITTED record says ``swept``, and recovery then lists nothing; whatever an attempt
+   still running creates afterwards is aborted by the next commit's sweep (:mod:`twophase.decisions`).
 6. Acks of another streaming query than the one the log is bound to (a deleted and recreated
    checkpoint: batch ids restart at 0) are aborted and refused with QueryMismatchError; they are
    never taken for re-runs of the old query's committed batches.

@@ -24,7 +24,11 @@ a SHA-256 of its body. Invariants (named in tests as ``test_log_invN_*``):
    checkpoints in id order and aborts older pending ones before it commits a newer one). So the
    questions recovery asks (what is unfinished, what is the highest committed id) are answered by
    one listing and reading records from the newest down to the first COMMITTED one: O(1) reads in
-   the steady state, which matters when the log is on S3.
+   the steady state, which matters when the log is on S3. One record may break the first sentence: a PENDING
+   record that a commit created at an id committed and pruned long before (a zombie driver, or a
+   re-run of an old batch) and was killed before recording it ABORTED. Recovery does not see it, and
+   a commit that meets it finds it below the highest COMMITTED id and never commits it
+   (:mod:`twophase.decisions`, CheckSuperseded).
 7. Every transition is a compare-and-swap against the version of the record the decision was based
    on (:meth:`LogStore.put_if_version`: a hash under the lock for local stores, If-Match /
    If-None-Match on S3): of two writers (drivers) that read the same record, the second write fails
