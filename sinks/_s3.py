@@ -170,17 +170,32 @@ def abort_upload(client: Any, bucket: str, key: str, upload_id: str) -> bool:
         raise TransientSinkError(f"cannot abort upload {upload_id} of s3://{bucket}/{key}: {e}") from e
 
 
-def abort_lingering_uploads(client: Any, bucket: str, prefix: str, sink_id: str, up_to_checkpoint: int,
-                            keep_upload_ids: Collection[str]) -> int:
-    """Abort uploads under ``prefix`` that THIS sink named (its token) for checkpoints ``<= up_to``
-    (invariant 4): never another sink's, another tool's or another query's upload."""
-    aborted = 0
+def list_own_uploads(client: Any, bucket: str, prefix: str, sink_id: str) -> list[tuple[str, str, int]]:
+    """``(key, upload id, checkpoint id)`` of every upload in progress under ``prefix`` that THIS sink
+    named (its token): one ListMultipartUploads per 1000 uploads in progress under the prefix."""
+    own = []
     pfx = f"{prefix}/" if prefix else ""
     for page in client.get_paginator("list_multipart_uploads").paginate(Bucket=bucket, Prefix=pfx):
         for up in page.get("Uploads", ()):
             cid = own_part_checkpoint(up["Key"].rsplit("/", 1)[-1], sink_id)
-            if cid is None or cid > up_to_checkpoint or up["UploadId"] in keep_upload_ids:
-                continue
-            if abort_upload(client, bucket, up["Key"], up["UploadId"]):
-                aborted += 1
+            if cid is not None:
+                own.append((up["Key"], up["UploadId"], cid))
+    return own
+
+
+def abort_own_uploads(client: Any, bucket: str, uploads: Collection[tuple[str, str, int]], up_to_checkpoint: int,
+                      keep_upload_ids: Collection[str] = ()) -> int:
+    """Abort the uploads of :func:`list_own_uploads` of checkpoints ``<= up_to``, but those in ``keep``."""
+    aborted = 0
+    for key, upload_id, cid in uploads:
+        if cid <= up_to_checkpoint and upload_id not in keep_upload_ids and abort_upload(client, bucket, key, upload_id):
+            aborted += 1
     return aborted
+
+
+def abort_lingering_uploads(client: Any, bucket: str, prefix: str, sink_id: str, up_to_checkpoint: int,
+                            keep_upload_ids: Collection[str]) -> int:
+    """Abort uploads under ``prefix`` that THIS sink named (its token) for checkpoints ``<= up_to``
+    (invariant 4): never another sink's, another tool's or another query's upload."""
+    return abort_own_uploads(client, bucket, list_own_uploads(client, bucket, prefix, sink_id), up_to_checkpoint,
+                             keep_upload_ids)

@@ -41,19 +41,24 @@ Invariants (``test_s3_sink_invN_*``):
 5. ``commit_checkpoint`` completes every upload of a checkpoint at once (a pool of
    ``commit_parallelism`` threads): its commit takes one CompleteMultipartUpload's time, not one per
    file; fault point ``mid_commit`` fires when the first upload is completed, the others done or not.
+   The listing of the sweep that follows the commit (invariant 4) is taken on the same pool while the
+   uploads complete, and the sweep of that checkpoint uses it: it is taken after the checkpoint is
+   COMPLETED (so every upload of a checkpoint at or below it that it shows is a loser's, or the
+   checkpoint's own), the checkpoint's own uploads are kept out of it by id, and the sweep runs only
+   once every one of them is completed. What an attempt opens after the listing is the next commit's.
 """
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping, Optional, Sequence, TypedDict
 
 import pyarrow as pa
 
 from twophase.naming import internal_rel, part_file_name
-from twophase.sinks._s3 import (MIN_PART_SIZE, MultipartStream, abort_lingering_uploads, abort_upload,  # noqa: F401
-                                check_bucket, complete_upload, multipart_etag)
+from twophase.sinks._s3 import (MIN_PART_SIZE, MultipartStream, abort_lingering_uploads, abort_own_uploads,  # noqa: F401
+                                abort_upload, check_bucket, complete_upload, list_own_uploads, multipart_etag)
 from twophase.sinks._filelike import FileLikeWriter, check_partition_columns
 from twophase.sinks._formats import FORMAT_OPTIONS, FormatOptions, FormatWriter, format_options, open_format_writer
 from twophase import faults
@@ -256,6 +261,8 @@ class S3Committer(SinkCommitter[S3Committable]):
 
     def __init__(self, sink: S3Sink) -> None:
         self.sink = sink
+        #: the sweep's listing taken while a checkpoint's uploads completed: (its id, the listing, its upload ids)
+        self._listed: Optional[tuple[int, Future, frozenset[str]]] = None
 
     def commit(self, committable: S3Committable, *, recovering: bool = False) -> CommitResult[S3Committable]:
         if committable.guarantee == Guarantee.AT_LEAST_ONCE.value:
@@ -280,8 +287,13 @@ class S3Committer(SinkCommitter[S3Committable]):
         outcomes: list[list[str]] = [[] for _ in committables]
         lost: dict[int, str] = {}
         if jobs:
-            with ThreadPoolExecutor(min(self.commit_parallelism, len(jobs)), thread_name_prefix="twophase-commit") as pool:
+            o = self.sink.options
+            with ThreadPoolExecutor(min(self.commit_parallelism, len(jobs)) + 1, thread_name_prefix="twophase-commit") as pool:
                 futures = {pool.submit(complete_upload, self.sink.client, u): i for i, u in jobs}
+                # the sweep's listing, beside the completions (invariant 5); the sweep uses it only after them
+                self._listed = (checkpoint_id, pool.submit(list_own_uploads, self.sink.client, o.bucket, o.prefix,
+                                                           self.sink.sink_id),
+                                frozenset(str(u["upload_id"]) for _, u in jobs))
                 for n, done in enumerate(as_completed(futures)):
                     i = futures[done]
                     try:
@@ -310,9 +322,20 @@ class S3Committer(SinkCommitter[S3Committable]):
             abort_upload(self.sink.client, u["bucket"], u["key"], u["upload_id"])
 
     def abort_lingering(self, up_to_checkpoint: int, highest_committed: Optional[int] = None) -> int:
-        """Abort this sink's uploads of checkpoints ``<= up_to_checkpoint`` (invariant 4)."""
+        """Abort this sink's uploads of checkpoints ``<= up_to_checkpoint`` (invariant 4); right after the
+        commit of ``up_to_checkpoint`` with the listing taken during it (invariant 5)."""
         o = self.sink.options
-        n = abort_lingering_uploads(self.sink.client, o.bucket, o.prefix, self.sink.sink_id, up_to_checkpoint, ())
+        listed, self._listed = self._listed, None
+        uploads, keep = None, frozenset()
+        if listed is not None and listed[0] == up_to_checkpoint:
+            try:
+                uploads, keep = listed[1].result(), listed[2]
+            except Exception as e:  # noqa: BLE001 - list again below
+                _log.warning("s3_sweep_listing_failed", sink_id=self.sink.sink_id, checkpoint_id=up_to_checkpoint,
+                             error=str(e), consequence="listed again")
+        if uploads is None:
+            uploads = list_own_uploads(self.sink.client, o.bucket, o.prefix, self.sink.sink_id)
+        n = abort_own_uploads(self.sink.client, o.bucket, uploads, up_to_checkpoint, keep)
         if n:
             _log.info("lingering_aborted", sink_id=self.sink.sink_id, up_to=up_to_checkpoint, uploads=n)
         return n

@@ -318,3 +318,28 @@ def test_s3_sink_requests_per_batch_in_the_steady_state(s3_server: S3Server) -> 
     per_batch = {op: n / 2 for op, n in calls.items()}
     assert per_batch == {"ListObjectsV2": 2, "PutObject": 3, "ListMultipartUploads": 1, "CreateMultipartUpload": 2,
                          "UploadPart": 2, "CompleteMultipartUpload": 2}, per_batch
+
+
+def test_s3_sink_inv5_the_sweep_lists_while_the_uploads_complete_and_never_aborts_them(s3_server: S3Server) -> None:
+    """The sweep's ListMultipartUploads is sent while the checkpoint's CompleteMultipartUpload is (a
+    barrier of the two: one after the other would break it), so it lists the checkpoint's own uploads in
+    progress: they are kept, the loser's upload is aborted, and the listing is not made a second time."""
+    bucket = s3_server.new_bucket()
+    sink = make_sink(s3_server, bucket)
+    loser = sink.create_writer(TransactionContext(sink.sink_id, 0, "0"))
+    loser.write(rows(10))
+    ack = run_task(sink, TransactionContext(sink.sink_id, 0, "0"), [rows(10)])
+    barrier = threading.Barrier(2, timeout=30)
+
+    def together(**_: Any) -> None:
+        barrier.wait()
+
+    sink.client.meta.events.register("before-call.s3.CompleteMultipartUpload", together)
+    sink.client.meta.events.register("before-call.s3.ListMultipartUploads", together)
+    listings = count_calls(sink.client, "ListMultipartUploads")
+    assert CheckpointCoordinator(sink).complete_batch(0, [ack]) == "COMMITTED"
+    assert len(listings) == 1
+    client = s3_server.client()
+    assert client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+    keys = [o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix="out/part-")["Contents"]]
+    assert keys == [ack.handle["uploads"][0]["key"]]
