@@ -3,9 +3,13 @@
 Both sides encode the same Arrow batches as Parquet and write one object per task and batch to the same
 S3 server; twophase adds the protocol (multipart upload, handle, transaction log on S3, one commit per
 batch). Driven without Spark, but through the same calls as the Spark adapter (recovery before each
-batch, then the driver commit), so the numbers are the sink's own cost. Prints a markdown table, and the
-S3 requests twophase makes per batch by operation (every botocore API call of the timed twophase rounds:
-the sink's, its transaction log's and its recovery's), for issue 13's per-batch cost.
+batch, then the driver commit with the sink's ``sweep_after_commit``, as ``TwoPhaseStreamWriter.commit``
+passes it), so the numbers are the sink's own cost. The tasks of a batch run one after the other (on
+executors they run side by side), for both writers. Prints a markdown table, and the S3 requests
+twophase makes per batch by operation (every botocore API call of the timed twophase rounds: the
+sink's, its transaction log's and its recovery's), for issue 13's per-batch cost. Not counted: what
+``prepare_sink`` adds per ``streamWriter()`` call in Spark (HeadBucket, the owner check, a second
+recovery in the commit worker).
 
     python bench/bench_s3.py [--batches 6] [--tasks 2] [--rows 400000]
 """
@@ -95,7 +99,7 @@ def main() -> None:
                 CheckpointCoordinator(sink, log).recover()  # as Spark's streamWriter() does before each batch
                 acks = [run_task(sink, TransactionContext(sink.sink_id, cid, str(t)), [batches[b, t]]) for t in range(a.tasks)]
                 c0 = time.perf_counter()
-                CheckpointCoordinator(sink, log, sweep_after_commit=False).complete_batch(cid, acks)
+                CheckpointCoordinator(sink, log, sweep_after_commit=sink.sweep_after_commit).complete_batch(cid, acks)
                 commits.append(time.perf_counter() - c0)
             return time.perf_counter() - t0, commits
 
@@ -124,8 +128,11 @@ def main() -> None:
           f"{statistics.median(commits) * 1e3:.0f} | {plain_s / twophase_s:.2f} |")
     n = a.batches * a.rounds
     per_batch = {op: c / n for op, c in sorted(requests.calls.items(), key=lambda kv: -kv[1])}
+    data_ops = ("CreateMultipartUpload", "UploadPart", "CompleteMultipartUpload")
+    data = sum(c for op, c in per_batch.items() if op in data_ops)
     print(f"\nS3 requests per batch (twophase-s3, {a.tasks} tasks, mean of {n} batches): "
-          f"{sum(per_batch.values()):.1f} in all; plain put_object makes {a.tasks}\n")
+          f"{sum(per_batch.values()):.1f} in all ({data:.1f} data, {sum(per_batch.values()) - data:.1f} protocol); "
+          f"plain put_object makes {a.tasks}\n")
     print("| operation | per batch |\n|---|---:|")
     for op, c in per_batch.items():
         print(f"| {op} | {c:.1f} |")

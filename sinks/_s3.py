@@ -63,16 +63,26 @@ class MultipartStream(io.RawIOBase):
     Bytes are buffered and uploaded as a part whenever ``part_size`` is reached (at most two parts
     in flight on ``pool``); :meth:`finish` uploads the rest as the last part and returns the parts.
     Nothing is visible until someone completes the upload with those parts.
+
+    CreateMultipartUpload runs on ``pool`` too, while the task encodes its first part (a request of
+    tens of milliseconds no longer waits in front of the encoding). It is queued before any part of
+    this stream, so a part waiting for the upload id never holds the thread the create needs. A task
+    that dies before the id is known leaves an upload nobody names: the sweep finds it by its key.
     """
 
     def __init__(self, client: Any, bucket: str, key: str, part_size: int, pool: ThreadPoolExecutor) -> None:
         super().__init__()
         self.client, self.bucket, self.key, self.part_size, self.pool = client, bucket, key, part_size, pool
-        self.upload_id: str = client.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+        self._created: Future = pool.submit(client.create_multipart_upload, Bucket=bucket, Key=key)
         self._buf = bytearray()
         self._pos = 0
         self._futures: list[Future] = []
         self._parts: list[dict[str, Any]] = []
+
+    @property
+    def upload_id(self) -> str:
+        """The upload's id (waits for CreateMultipartUpload; raises what it raised)."""
+        return str(self._created.result()["UploadId"])
 
     def writable(self) -> bool:
         return True
@@ -114,7 +124,11 @@ class MultipartStream(io.RawIOBase):
         for f in self._futures:
             with contextlib.suppress(Exception):
                 f.result()
-        abort_upload(self.client, self.bucket, self.key, self.upload_id)
+        try:
+            upload_id = self.upload_id
+        except Exception:  # never created: nothing to abort (one created unseen is the sweep's)
+            return
+        abort_upload(self.client, self.bucket, self.key, upload_id)
 
 
 def complete_upload(client: Any, u: Mapping[str, Any]) -> str:
@@ -156,17 +170,32 @@ def abort_upload(client: Any, bucket: str, key: str, upload_id: str) -> bool:
         raise TransientSinkError(f"cannot abort upload {upload_id} of s3://{bucket}/{key}: {e}") from e
 
 
-def abort_lingering_uploads(client: Any, bucket: str, prefix: str, sink_id: str, up_to_checkpoint: int,
-                            keep_upload_ids: Collection[str]) -> int:
-    """Abort uploads under ``prefix`` that THIS sink named (its token) for checkpoints ``<= up_to``
-    (invariant 4): never another sink's, another tool's or another query's upload."""
-    aborted = 0
+def list_own_uploads(client: Any, bucket: str, prefix: str, sink_id: str) -> list[tuple[str, str, int]]:
+    """``(key, upload id, checkpoint id)`` of every upload in progress under ``prefix`` that THIS sink
+    named (its token): one ListMultipartUploads per 1000 uploads in progress under the prefix."""
+    own = []
     pfx = f"{prefix}/" if prefix else ""
     for page in client.get_paginator("list_multipart_uploads").paginate(Bucket=bucket, Prefix=pfx):
         for up in page.get("Uploads", ()):
             cid = own_part_checkpoint(up["Key"].rsplit("/", 1)[-1], sink_id)
-            if cid is None or cid > up_to_checkpoint or up["UploadId"] in keep_upload_ids:
-                continue
-            if abort_upload(client, bucket, up["Key"], up["UploadId"]):
-                aborted += 1
+            if cid is not None:
+                own.append((up["Key"], up["UploadId"], cid))
+    return own
+
+
+def abort_own_uploads(client: Any, bucket: str, uploads: Collection[tuple[str, str, int]], up_to_checkpoint: int,
+                      keep_upload_ids: Collection[str] = ()) -> int:
+    """Abort the uploads of :func:`list_own_uploads` of checkpoints ``<= up_to``, but those in ``keep``."""
+    aborted = 0
+    for key, upload_id, cid in uploads:
+        if cid <= up_to_checkpoint and upload_id not in keep_upload_ids and abort_upload(client, bucket, key, upload_id):
+            aborted += 1
     return aborted
+
+
+def abort_lingering_uploads(client: Any, bucket: str, prefix: str, sink_id: str, up_to_checkpoint: int,
+                            keep_upload_ids: Collection[str]) -> int:
+    """Abort uploads under ``prefix`` that THIS sink named (its token) for checkpoints ``<= up_to``
+    (invariant 4): never another sink's, another tool's or another query's upload."""
+    return abort_own_uploads(client, bucket, list_own_uploads(client, bucket, prefix, sink_id), up_to_checkpoint,
+                             keep_upload_ids)

@@ -29,23 +29,39 @@ Invariants (``test_s3_sink_invN_*``):
    runs right after each commit (``sweep_after_commit``), so a loser attempt of the LAST batch of a run
    (a retried task whose first attempt died, a speculative copy) leaves no upload behind: one
    prefix-scoped ListMultipartUploads per batch. Safe against attempts still running: it runs once
-   checkpoint ``n`` is COMMITTED and every checkpoint below it is final, so no upload of a checkpoint
-   ``<= n`` can ever be completed again (a re-run's acks are aborted, never committed); an upload a
-   zombie creates after the listing is swept by the next batch's recovery or commit.
+   checkpoint ``n``'s uploads are completed and every checkpoint below it is final, so no upload of a
+   checkpoint ``<= n`` can ever be completed again (a re-run's acks are aborted, never committed); an
+   upload a zombie creates after the listing is swept by the next batch's commit. The committer sweeps
+   WITH the commit (``sweep_with_commit``: before COMMITTED is recorded, which then says so; completing
+   an upload again after the sweep is still "already", invariant 2), so the recovery before the next
+   batch lists no uploads when that record says swept: in the steady state one ListMultipartUploads per
+   batch in all. Whatever left uploads behind (a retried, speculative or zombie task, a crashed driver),
+   the next commit's sweep covers them, since it covers every checkpoint up to its own; the log's
+   attempt number could not tell (a retried task does not make a new attempt of its checkpoint).
+5. ``commit_checkpoint`` completes every upload of a checkpoint at once (a pool of
+   ``commit_parallelism`` threads): its commit takes one CompleteMultipartUpload's time, not one per
+   file; fault point ``mid_commit`` fires when the first upload is completed, the others done or not.
+   The listing of the sweep that follows the commit (invariant 4) is taken on the same pool while the
+   uploads complete, and the sweep of that checkpoint uses it: it is taken after the checkpoint is
+   COMPLETED (so every upload of a checkpoint at or below it that it shows is a loser's, or the
+   checkpoint's own), the checkpoint's own uploads are kept out of it by id, and the sweep runs only
+   once every one of them is completed. What an attempt opens after the listing is the next commit's.
 """
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping, Optional, TypedDict
+from typing import Any, ClassVar, Mapping, Optional, Sequence, TypedDict
 
 import pyarrow as pa
 
 from twophase.naming import internal_rel, part_file_name
-from twophase.sinks._s3 import (MIN_PART_SIZE, MultipartStream, abort_lingering_uploads, abort_upload,  # noqa: F401
-                                check_bucket, complete_upload, multipart_etag)
+from twophase.sinks._s3 import (MIN_PART_SIZE, MultipartStream, abort_lingering_uploads, abort_own_uploads,  # noqa: F401
+                                abort_upload, check_bucket, complete_upload, list_own_uploads, multipart_etag)
 from twophase.sinks._filelike import FileLikeWriter, check_partition_columns
 from twophase.sinks._formats import FORMAT_OPTIONS, FormatOptions, FormatWriter, format_options, open_format_writer
+from twophase import faults
 from twophase._logging import get_logger
 from twophase._redact import safe_repr
 from twophase.errors import ConfigurationError, DataLossError
@@ -242,9 +258,12 @@ class S3Committer(SinkCommitter[S3Committable]):
 
     committable_type = S3Committable
     commit_parallelism = 8
+    sweep_with_commit = True  # invariant 4: an upload completed again after the sweep is "already"
 
     def __init__(self, sink: S3Sink) -> None:
         self.sink = sink
+        #: the sweep's listing taken while a checkpoint's uploads completed: (its id, the listing, its upload ids)
+        self._listed: Optional[tuple[int, Future, frozenset[str]]] = None
 
     def commit(self, committable: S3Committable, *, recovering: bool = False) -> CommitResult[S3Committable]:
         if committable.guarantee == Guarantee.AT_LEAST_ONCE.value:
@@ -258,6 +277,45 @@ class S3Committer(SinkCommitter[S3Committable]):
         already = bool(outcomes) and all(o == "already" for o in outcomes)
         return CommitResult(committable, CommitStatus.ALREADY_COMMITTED if already else CommitStatus.COMMITTED)
 
+    def commit_checkpoint(self, checkpoint_id: int, committables: Sequence[S3Committable], *,
+                          recovering: bool = False) -> list[CommitResult[S3Committable]]:
+        """Complete every upload of the checkpoint concurrently (invariant 5); one result per committable,
+        as :meth:`commit` gives it. A failure other than data loss is raised once the others finished."""
+        if not committables:
+            return []
+        jobs = [(i, u) for i, c in enumerate(committables) if c.guarantee != Guarantee.AT_LEAST_ONCE.value
+                for u in c.uploads]
+        outcomes: list[list[str]] = [[] for _ in committables]
+        lost: dict[int, str] = {}
+        if jobs:
+            o = self.sink.options
+            with ThreadPoolExecutor(min(self.commit_parallelism, len(jobs)) + 1, thread_name_prefix="twophase-commit") as pool:
+                futures = {pool.submit(complete_upload, self.sink.client, u): i for i, u in jobs}
+                # the sweep's listing, beside the completions (invariant 5); the sweep uses it only after them
+                self._listed = (checkpoint_id, pool.submit(list_own_uploads, self.sink.client, o.bucket, o.prefix,
+                                                           self.sink.sink_id),
+                                frozenset(str(u["upload_id"]) for _, u in jobs))
+                for n, done in enumerate(as_completed(futures)):
+                    i = futures[done]
+                    try:
+                        outcomes[i].append(done.result())
+                    except DataLossError as e:  # invariant 2: gone, and no object with its ETag
+                        lost[i] = f"{lost[i]}; {e}" if i in lost else str(e)
+                    if n == 0:
+                        faults.maybe_crash("mid_commit", checkpoint_id)
+        else:
+            faults.maybe_crash("mid_commit", checkpoint_id)
+        results = []
+        for i, c in enumerate(committables):
+            if i in lost:
+                results.append(CommitResult(c, CommitStatus.LOST, lost[i]))
+                continue
+            already = bool(outcomes[i]) and all(o == "already" for o in outcomes[i])
+            results.append(CommitResult(c, CommitStatus.ALREADY_COMMITTED if already else CommitStatus.COMMITTED))
+        _log.debug("s3_checkpoint_committed", sink_id=self.sink.sink_id, checkpoint_id=checkpoint_id,
+                   uploads=len(jobs), already=sum(o.count("already") for o in outcomes), lost=len(lost))
+        return results
+
     def abort(self, committable: S3Committable, *, recovering: bool = False) -> None:
         if committable.guarantee == Guarantee.AT_LEAST_ONCE.value:
             return
@@ -265,9 +323,20 @@ class S3Committer(SinkCommitter[S3Committable]):
             abort_upload(self.sink.client, u["bucket"], u["key"], u["upload_id"])
 
     def abort_lingering(self, up_to_checkpoint: int, highest_committed: Optional[int] = None) -> int:
-        """Abort this sink's uploads of checkpoints ``<= up_to_checkpoint`` (invariant 4)."""
+        """Abort this sink's uploads of checkpoints ``<= up_to_checkpoint`` (invariant 4); right after the
+        commit of ``up_to_checkpoint`` with the listing taken during it (invariant 5)."""
         o = self.sink.options
-        n = abort_lingering_uploads(self.sink.client, o.bucket, o.prefix, self.sink.sink_id, up_to_checkpoint, ())
+        listed, self._listed = self._listed, None
+        uploads, keep = None, frozenset()
+        if listed is not None and listed[0] == up_to_checkpoint:
+            try:
+                uploads, keep = listed[1].result(), listed[2]
+            except Exception as e:  # noqa: BLE001 - list again below
+                _log.warning("s3_sweep_listing_failed", sink_id=self.sink.sink_id, checkpoint_id=up_to_checkpoint,
+                             error=str(e), consequence="listed again")
+        if uploads is None:
+            uploads = list_own_uploads(self.sink.client, o.bucket, o.prefix, self.sink.sink_id)
+        n = abort_own_uploads(self.sink.client, o.bucket, uploads, up_to_checkpoint, keep)
         if n:
             _log.info("lingering_aborted", sink_id=self.sink.sink_id, up_to=up_to_checkpoint, uploads=n)
         return n

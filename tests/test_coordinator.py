@@ -13,7 +13,7 @@ from twophase.coordinator import CheckpointCoordinator, TriggerPolicy
 from twophase.errors import (CheckpointDeclinedError, CommitFailedError, ConfigurationError, DataLossError,
                              InvalidTransitionError)
 from twophase.log import LocalLogStore, TransactionLog
-from twophase.sink import Ack
+from twophase.sink import Ack, TransactionContext
 from twophase.states import CheckpointState, TransactionState
 
 C = CheckpointState
@@ -376,7 +376,28 @@ def test_coordinator_inv2_rerun_of_a_pruned_committed_batch_is_not_committed(sin
     rerun = prepare_all(sink, 1)
     assert coord.complete_batch(1, rerun) == "ALREADY_COMMITTED"
     assert sorted(sink.aborted) == sorted(txn_ids(rerun))
-    assert log.get(1) is None
+    # the commit creates the record before it lists the log (one PutObject, no read): the listing after it
+    # finds the id below the highest committed one, and the record says why nothing was committed
+    rec = log.get(1)
+    assert rec.state is C.ABORTED and "below the highest committed checkpoint 4" in rec.reason
+    again = prepare_all(sink, 1)  # and a re-run of that ABORTED record is found the same way
+    assert coord.complete_batch(1, again) == "ALREADY_COMMITTED"
+    assert sorted(sink.aborted) == sorted(txn_ids(rerun) + txn_ids(again))
+    assert_exactly_once(sink)
+
+
+def test_coordinator_inv2_a_pending_record_below_the_highest_committed_is_never_committed(sink, tmp_path):
+    """A PENDING record below the highest COMMITTED id (a crash between a superseded create and its ABORTED
+    write, a zombie's) is never legitimately unfinished: a commit that finds it does not take acks into it."""
+    log = TransactionLog(LocalLogStore(str(tmp_path / "log")), "fake", retain=2)
+    coord = CheckpointCoordinator(sink, log)
+    for cid in range(1, 5):
+        coord.complete_batch(cid, prepare_all(sink, cid))
+    assert log.get(1) is None  # pruned
+    log.transition(1, C.PENDING)  # what the crash left
+    rerun = prepare_all(sink, 1)
+    assert coord.complete_batch(1, rerun) == "ALREADY_COMMITTED"
+    assert sorted(sink.aborted) == sorted(txn_ids(rerun)) and log.get(1).state is C.ABORTED
     assert_exactly_once(sink)
 
 
@@ -741,3 +762,104 @@ def test_coordinator_reaches_the_committer_only_through_its_three_methods():
                 spec_users.add(fn.name)
     assert users == {"_abort_handles", "_commit_handles", "_sweep"}
     assert spec_users == {"__init__"}
+
+
+# ---- sweeping with the commit (decisions: "Sweeping with the commit"; S3's committer does)
+
+
+class SweepingFake(FakeSink):
+    """A FakeSink whose committer sweeps with the commit, as S3's does (a handle committed again after a
+    sweep is ALREADY_COMMITTED, which FakeSink's are)."""
+
+    sweep_with_commit = True
+
+
+def crashed_attempt(sink: FakeSink, cid: int, task: str = "0"):
+    """A task attempt that died while writing: its transaction stays OPEN, no ack ever reaches the driver."""
+    writer = sink.create_writer(TransactionContext(sink.sink_id, cid, task))
+    writer.write([f"{cid}/{task}-crashed"])
+    return writer.txn
+
+
+def test_coordinator_inv5_recovery_sweeps_when_only_checkpoint_0_is_committed(sink, txlog):
+    """Checkpoint id 0 is a committed id: recovery once read `highest or -1` and never swept batch 0's
+    leftovers (a crashed task attempt of the first batch of a query)."""
+    CheckpointCoordinator(sink, txlog, sweep_after_commit=False).complete_batch(0, prepare_all(sink, 0))
+    txn = crashed_attempt(sink, 0)
+    assert CheckpointCoordinator(sink, txlog).recover().lingering_aborted == 1
+    assert txn.state is TransactionState.ABORTED and sink.lingering_calls[-1][0] == 0
+
+
+def test_coordinator_inv5_a_crashed_attempt_is_swept_by_its_own_commit_though_the_log_says_attempt_1(txlog):
+    """A task attempt died (executor lost) and Spark's retry of the task won: the checkpoint commits at
+    attempt 1 with no abort anywhere in the log, so the log cannot tell that anything lingers. The sweep
+    with the commit finds it; the record says swept, and the next recovery lists nothing."""
+    sink = SweepingFake(txlog)
+    CheckpointCoordinator(sink, txlog).complete_batch(1, prepare_all(sink, 1))
+    txn = crashed_attempt(sink, 2)
+    assert CheckpointCoordinator(sink, txlog).complete_batch(2, prepare_all(sink, 2)) == "COMMITTED"
+    rec = txlog.get(2)
+    assert (rec.attempt, rec.swept, txn.state) == (1, True, TransactionState.ABORTED)
+    sink.lingering_calls.clear()
+    assert CheckpointCoordinator(sink, txlog).recover().lingering_aborted == 0
+    assert sink.lingering_calls == [], "the recovery after a swept commit must not list again"
+    assert_exactly_once(sink)
+
+
+def test_coordinator_inv5_a_sweep_that_failed_is_not_recorded_and_recovery_sweeps(txlog):
+    """The sweep with the commit failed (S3 unreachable for the listing): the batch is committed, the
+    record says not swept, and the next recovery sweeps what the failed sweep left."""
+    sink = SweepingFake(txlog)
+    txn = crashed_attempt(sink, 1)
+    sink.fail_next("abort_lingering", OSError("ListMultipartUploads: connection reset"))
+    assert CheckpointCoordinator(sink, txlog).complete_batch(1, prepare_all(sink, 1)) == "COMMITTED"
+    assert txlog.get(1).swept is False and txn.state is TransactionState.OPEN
+    assert CheckpointCoordinator(sink, txlog).recover().lingering_aborted == 1
+    assert txn.state is TransactionState.ABORTED
+    assert_exactly_once(sink)
+
+
+def test_coordinator_inv5_what_an_attempt_creates_after_the_sweep_is_swept_by_the_next_commit(txlog):
+    """A speculative or zombie task of checkpoint 1 opens its transaction after checkpoint 1's commit swept:
+    the recovery before batch 2 skips its sweep (the record says swept), and batch 2's commit, which
+    covers every id up to 2, aborts it."""
+    sink = SweepingFake(txlog)
+    CheckpointCoordinator(sink, txlog).complete_batch(1, prepare_all(sink, 1))
+    late = crashed_attempt(sink, 1, task="1")
+    CheckpointCoordinator(sink, txlog).recover()
+    assert late.state is TransactionState.OPEN
+    CheckpointCoordinator(sink, txlog).complete_batch(2, prepare_all(sink, 2))
+    assert late.state is TransactionState.ABORTED
+    assert_exactly_once(sink)
+
+
+def test_coordinator_inv5_crash_between_the_sweep_and_committed_then_recovery_is_exactly_once(txlog):
+    """Killed after the sweep with the commit, before COMMITTED is written: the record is COMPLETED, recovery
+    commits its handles again (ALREADY_COMMITTED: nothing aborted of them, nothing twice), records it
+    not swept, and sweeps."""
+    sink = SweepingFake(txlog)
+    real = sink.abort_lingering
+
+    def sweep_then_die(up_to, highest=None):
+        real(up_to, highest)
+        raise SimulatedCrash("after the sweep")
+
+    sink.abort_lingering = sweep_then_die  # type: ignore[method-assign]
+    txn = crashed_attempt(sink, 1)
+    with pytest.raises(SimulatedCrash):
+        CheckpointCoordinator(sink, txlog).complete_batch(1, prepare_all(sink, 1))
+    assert txlog.get(1).state is C.COMPLETED and txn.state is TransactionState.ABORTED
+    del sink.abort_lingering
+    later = crashed_attempt(sink, 1, task="1")  # left after the crash
+    report = CheckpointCoordinator(sink, txlog).recover()
+    assert report.committed == [1] and txlog.get(1).swept is False and later.state is TransactionState.ABORTED
+    assert sorted(sink.visible) == sorted(f"1/{t}" for t in TASKS)
+    assert_exactly_once(sink)
+
+
+@pytest.mark.parametrize("point", ["write", "after_pre_commit", "before_complete", "after_complete",
+                                   "mid_commit", "after_commit"])
+def test_coordinator_inv5_crash_at_each_point_with_the_sweep_in_the_commit_is_exactly_once(point, txlog, tmp_path,
+                                                                                          monkeypatch):
+    test_coordinator_inv5_crash_at_each_point_then_recovery_is_exactly_once(point, SweepingFake(txlog), txlog,
+                                                                            tmp_path, monkeypatch)

@@ -33,9 +33,15 @@ REDELIVERED = Facts(redelivered=True)
 NOT_REDELIVERED = Facts(redelivered=False)
 OLDER = Facts(older=True, notified=7)
 NOTIFIED = Facts(older=False, notified=7)
+OLDER_WITH_COMMIT = Facts(older=True, notified=7, sweep_with_commit=True)
+NOTIFIED_WITH_COMMIT = Facts(older=False, notified=7, sweep_with_commit=True)
+NOTIFIED_WITH_COMMIT_NOT_SWEEPING = Facts(older=False, notified=7, sweep_with_commit=True, sweep_after_commit=False)
 SWEEPING = Facts(sweep_after_commit=True)
 NOT_SWEEPING = Facts(sweep_after_commit=False)
+SWEEPING_WITH_COMMIT = Facts(sweep_after_commit=True, sweep_with_commit=True)
 HIGHEST_4 = Facts(highest_committed=4)
+HIGHEST_0 = Facts(highest_committed=0)
+HIGHEST_4_SWEPT = Facts(highest_committed=4, swept=True)
 NONE_COMMITTED = Facts(highest_committed=None)
 BELOW = Facts(below_highest=True, sweep_after_commit=True)
 BELOW_NOT_SWEEPING = Facts(below_highest=True, sweep_after_commit=False)
@@ -67,11 +73,16 @@ TABLE = {
     },
     E.NOTIFY_COMPLETE: {
         C.COMPLETED: {OLDER: [CommitHandles(recovering=True), WriteCommitted()],
-                      NOTIFIED: [CommitHandles(recovering=False), WriteCommitted()]},
-        C.PENDING: {OLDER: [WriteAborted("subsumed by checkpoint 7")], NOTIFIED: []},
-        **same([None, C.COMMITTED, C.ABORTED, C.LOST], {OLDER: [], NOTIFIED: []}),
+                      OLDER_WITH_COMMIT: [CommitHandles(recovering=True), WriteCommitted()],
+                      NOTIFIED: [CommitHandles(recovering=False), WriteCommitted()],
+                      NOTIFIED_WITH_COMMIT: [CommitHandles(recovering=False), Sweep(best_effort=True),
+                                             WriteCommitted()],
+                      NOTIFIED_WITH_COMMIT_NOT_SWEEPING: [CommitHandles(recovering=False), WriteCommitted()]},
+        C.PENDING: {OLDER: [WriteAborted("subsumed by checkpoint 7")], NOTIFIED: [], NOTIFIED_WITH_COMMIT: []},
+        **same([None, C.COMMITTED, C.ABORTED, C.LOST], {OLDER: [], NOTIFIED: [], NOTIFIED_WITH_COMMIT: []}),
     },
-    E.CLEAN_UP: same(ALL, {SWEEPING: [Sweep(best_effort=True), Prune()], NOT_SWEEPING: [Prune()]}),
+    E.CLEAN_UP: same(ALL, {SWEEPING: [Sweep(best_effort=True), Prune()], NOT_SWEEPING: [Prune()],
+                           SWEEPING_WITH_COMMIT: [Prune()]}),
     E.ABORT: {
         C.PENDING: {WITH_REASON: [AbortHandles(ACKED), WriteAborted(REASON)]},
         **same([None, C.ABORTED], {WITH_REASON: [AbortHandles(ACKED)]}),
@@ -82,13 +93,14 @@ TABLE = {
         C.PENDING: {PLAIN: [AbortHandles(RECORDED, recovering=True), WriteAborted("aborted at recovery")]},
         **same([None, C.COMMITTED, C.ABORTED, C.LOST], {PLAIN: []}),
     },
-    E.RECOVERY_SWEEP: same(ALL, {HIGHEST_4: [Sweep(up_to=4)], NONE_COMMITTED: []}),
+    E.RECOVERY_SWEEP: same(ALL, {HIGHEST_4: [Sweep(up_to=4)], HIGHEST_0: [Sweep(up_to=0)], HIGHEST_4_SWEPT: [],
+                                 NONE_COMMITTED: []}),
     E.BATCH_COMMIT: {
-        None: {BELOW: [AbortHandles(ACKED), ALREADY], BELOW_NOT_SWEEPING: [AbortHandles(ACKED), ALREADY],
-               NOT_BELOW: [WritePending(), CheckSuperseded(), TakeAcks()],
-               NOT_BELOW_NOT_SWEEPING: [WritePending(), CheckSuperseded(), TakeAcks()]},
-        C.ABORTED: same([BELOW, NOT_BELOW, NOT_BELOW_NOT_SWEEPING], [WritePending(), TakeAcks()]),
-        C.PENDING: same([BELOW, NOT_BELOW, NOT_BELOW_NOT_SWEEPING], [TakeAcks()]),
+        # below the highest committed id or not, the record is created first and CheckSuperseded decides
+        None: same([BELOW, BELOW_NOT_SWEEPING, NOT_BELOW, NOT_BELOW_NOT_SWEEPING],
+                   [WritePending(), CheckSuperseded(), TakeAcks()]),
+        C.ABORTED: same([BELOW, NOT_BELOW, NOT_BELOW_NOT_SWEEPING], [WritePending(), CheckSuperseded(), TakeAcks()]),
+        C.PENDING: same([BELOW, NOT_BELOW, NOT_BELOW_NOT_SWEEPING], [CheckSuperseded(), TakeAcks()]),
         C.COMPLETED: same([BELOW, NOT_BELOW, NOT_BELOW_NOT_SWEEPING],
                           [AbortHandles(UNRECORDED), CommitUpTo(), Outcome(CommitOutcome.RECOVERED)]),
         C.COMMITTED: {NOT_BELOW: [AbortHandles(UNRECORDED), Sweep(best_effort=True), ALREADY],
@@ -97,7 +109,9 @@ TABLE = {
         C.LOST: same([BELOW, NOT_BELOW, NOT_BELOW_NOT_SWEEPING], [AbortHandles(UNRECORDED), ALREADY]),
     },
     E.SUPERSEDED_CHECK: {
-        C.PENDING: {SUPERSEDED: [WriteAborted("checkpoint 9 was committed meanwhile by another driver"),
+        C.PENDING: {SUPERSEDED: [WriteAborted("below the highest committed checkpoint 9: committed before (its "
+                                              "record pruned) or by another driver meanwhile; nothing of this "
+                                              "attempt is committed"),
                                  AbortHandles(ACKED), ALREADY],
                     NOT_SUPERSEDED: []},
         **same([None, C.COMPLETED, C.COMMITTED, C.ABORTED, C.LOST], {SUPERSEDED: [], NOT_SUPERSEDED: []}),

@@ -504,3 +504,72 @@ def test_record_written_with_the_removed_source_offsets_field_still_reads():
     rec = CheckpointRecord.from_json(old)
     assert rec == CheckpointRecord(3, C.COMPLETED, {"0": {"txn": "a"}})
     assert "source_offsets" not in rec.to_json()
+
+
+class VersionListingStore(CountingStore):
+    """A local store whose listing reports versions, as S3's does (ETags): what invariant 9 builds on."""
+
+    lists_versions = True
+
+    def put_if_version(self, name: str, data: bytes, version):
+        gets = self.gets  # the local compare-and-swap reads to compare: not a read of the log's
+        try:
+            return super().put_if_version(name, data, version)
+        finally:
+            self.gets = gets
+
+    def list_versioned(self, prefix: str):
+        return [(name, self.get_versioned_uncounted(name)) for name in self.list(prefix)]
+
+    def get_versioned_uncounted(self, name: str):
+        with open(self._path(name), "rb") as f:
+            import hashlib
+            return hashlib.sha256(f.read()).hexdigest()
+
+
+def test_log_inv9_a_record_this_process_wrote_or_read_is_not_read_again_at_the_same_version(tmp_path):
+    store = VersionListingStore(str(tmp_path / "log"))
+    log = TransactionLog(store, "fake")
+    committed(log, 1)
+    log.transition(2, C.PENDING)
+    store.gets = 0
+    with log.locked():
+        assert log.view().highest_committed == 1 and log.get(2).state is C.PENDING
+        assert log.get(3) is None  # not listed: absent, no read
+        log.transition(2, C.COMPLETED, handles={"0": {"txn": "a"}})
+        assert log.highest_committed(fresh=True) == 1 and log.get(2).state is C.COMPLETED
+    again = TransactionLog(VersionListingStore(str(tmp_path / "log")), "fake")  # a new log object, same process
+    assert again.view().unfinished[0].state is C.COMPLETED
+    assert store.gets == 0 and again.store.gets == 0
+
+
+def test_log_inv9_a_record_changed_by_another_writer_is_read_again(tmp_path):
+    """Another host changes record 2 behind this process's back (a raw put, no shared memory): its
+    listed version differs from the one held, so the log reads it and decides on what is there now."""
+    store = VersionListingStore(str(tmp_path / "log"))
+    log = TransactionLog(store, "fake")
+    committed(log, 1)
+    held = log.transition(2, C.PENDING)
+    other = CheckpointRecord(2, C.ABORTED, timestamps={"ABORTED": 1.0}, reason="the other driver")
+    store.put("checkpoints/00000000000000000002.json", encode_record({"sink_id": "fake", "record": other.to_json()}))
+    store.gets = 0
+    assert [r.state for r in log.view().newer] == [C.ABORTED] and store.gets == 1
+    with pytest.raises(ConcurrentWriterError):  # a decision on the held PENDING could not be written anyway
+        log.transition(2, C.COMPLETED, handles={}, expected=(held, "stale"))
+
+
+def test_log_inv9_a_record_created_after_the_listing_is_never_replaced(tmp_path):
+    """Absent from this lock span's listing means absent to this process; another host creating the
+    record meanwhile makes this process's create fail its compare-and-swap (invariant 7)."""
+    store = VersionListingStore(str(tmp_path / "log"))
+    log = TransactionLog(store, "fake")
+    committed(log, 1)
+    with log.locked():
+        assert log.view().highest_committed == 1
+        theirs = CheckpointRecord(2, C.PENDING, timestamps={"PENDING": 1.0}, reason="theirs")
+        assert store.put_if_absent("checkpoints/00000000000000000002.json",
+                                   encode_record({"sink_id": "fake", "record": theirs.to_json()}))
+        assert log.get(2) is None  # the span's listing did not have it
+        with pytest.raises(ConcurrentWriterError):
+            log.transition(2, C.PENDING)
+    assert log.get(2).reason == "theirs"

@@ -23,6 +23,9 @@ Invariants (named in tests as ``test_coordinator_invN_*``):
    transaction of checkpoints up to the highest committed id, before any new data is written.
    Lingering transactions of higher (aborted) ids are left alone, since such an id may be attempted
    again at this very moment; they are aborted once a later checkpoint commits (step 5).
+   A sink that sweeps with the commit (``SinkCommitter.sweep_with_commit``: S3) has done that sweep when
+   the highest COMMITTED record says ``swept``, and recovery then lists nothing; whatever an attempt
+   still running creates afterwards is aborted by the next commit's sweep (:mod:`twophase.decisions`).
 6. Acks of another streaming query than the one the log is bound to (a deleted and recreated
    checkpoint: batch ids restart at 0) are aborted and refused with QueryMismatchError; they are
    never taken for re-runs of the old query's committed batches.
@@ -52,7 +55,8 @@ from twophase.decisions import (AbortHandles, Action, CheckSuperseded, CommitHan
                                 DeclineWriteJob, Event,
                                 Facts, Handles, Outcome, Prune, Refuse, RefuseResolve, Sweep, TakeAcks, WriteAborted,
                                 WriteCommitted, WriteCompleted, WriteLost, WritePending, decide)
-from twophase.errors import CheckpointDeclinedError, ConfigurationError, DataLossError, QueryMismatchError
+from twophase.errors import (CheckpointDeclinedError, ConfigurationError, DataLossError, QueryMismatchError,
+                             RecordExistsError)
 from twophase.log import CheckpointRecord, TransactionLog
 from twophase.sink import Ack, CommitStatus, SinkCommitter, SinkSpec
 from twophase.states import CheckpointState, check_transition
@@ -134,6 +138,8 @@ class _Call:
     #: what the executor saw: handles aborted, lingering transactions swept, when the commit started
     aborted: int = 0
     swept: int = 0
+    #: a Sweep of this call went through (WriteCommitted records it: decisions, "sweeping with the commit")
+    sweep_done: bool = False
     commit_started: float = 0.0
     recovering: bool = False
 
@@ -162,14 +168,15 @@ class CheckpointCoordinator:
 
         ``sink`` is a sink's spec (its committer and, unless ``log`` is given, its log are taken from it)
         or a committer (then ``log`` is required: the runtime's job committer)."""
+        committer: SinkCommitter[Any] = sink.create_committer() if isinstance(sink, SinkSpec) else sink
         if isinstance(sink, SinkSpec):
-            self.committer: SinkCommitter[Any] = sink.create_committer()
             log = log if log is not None else sink.transaction_log()
-        else:
-            self.committer = sink
-            if log is None:
-                raise ConfigurationError("a CheckpointCoordinator over a committer needs the log")
+        elif log is None:
+            raise ConfigurationError("a CheckpointCoordinator over a committer needs the log")
+        self.committer = committer
         self.sweep_after_commit = sweep_after_commit
+        #: the committer lets the sweep after a commit run before COMMITTED is recorded (decisions module)
+        self.sweep_with_commit = bool(getattr(committer, "sweep_with_commit", False))
         self.log = log
         self.policy = policy or TriggerPolicy()
         self.clock = clock
@@ -219,9 +226,13 @@ class CheckpointCoordinator:
             # Only up to the highest COMMITTED id: an ABORTED id may be attempted again right now (Spark
             # re-runs the batch; this recovery also runs in the commit worker just before that batch's
             # commit), so its staged data is cleaned only once a later checkpoint commits (step 5).
-            highest = max([view.highest_committed or -1, *report.committed])
+            # (an id of 0 is a committed id: `or -1` here once skipped the sweep whenever only batch 0 was committed)
+            highest = max([-1 if view.highest_committed is None else view.highest_committed, *report.committed])
+            # swept with its commit (recorded in its COMMITTED record): no sweep needed up to it
+            swept = not report.committed and view.committed is not None and view.committed.swept
             call = _Call(highest)
-            self._run(Event.RECOVERY_SWEEP, None, Facts(highest_committed=highest if highest >= 0 else None), call)
+            self._run(Event.RECOVERY_SWEEP, None,
+                      Facts(highest_committed=highest if highest >= 0 else None, swept=swept), call)
             report.lingering_aborted = call.swept
         if report.committed or report.aborted or report.lingering_aborted:
             _log.info("recovered", sink_id=self.log.sink_id, committed=report.committed, aborted=report.aborted,
@@ -333,11 +344,13 @@ class CheckpointCoordinator:
             for rec in self.log.unfinished():
                 if rec.checkpoint_id > checkpoint_id:
                     break
-                facts = Facts(older=rec.checkpoint_id < checkpoint_id, notified=checkpoint_id)
+                facts = Facts(older=rec.checkpoint_id < checkpoint_id, notified=checkpoint_id,
+                              sweep_after_commit=self.sweep_after_commit, sweep_with_commit=self.sweep_with_commit)
                 self._run(Event.NOTIFY_COMPLETE, rec.state, facts, _Call(rec.checkpoint_id, rec))
             # step 5b: clean up
             self.consecutive_failures = 0
-            self._run(Event.CLEAN_UP, None, Facts(sweep_after_commit=self.sweep_after_commit), _Call(checkpoint_id))
+            self._run(Event.CLEAN_UP, None, Facts(sweep_after_commit=self.sweep_after_commit,
+                                                  sweep_with_commit=self.sweep_with_commit), _Call(checkpoint_id))
         faults.maybe_crash("after_commit", checkpoint_id)
 
     # ---- the Spark path: one call per batch, all acks at once
@@ -350,18 +363,29 @@ class CheckpointCoordinator:
         highest committed id), every ack's handle is aborted and nothing is committed again; if it is
         COMPLETED, the recorded handles are committed and the new ones aborted. Returns the outcome.
         Raises :class:`CheckpointDeclinedError` (after aborting everything) if a task did not ack.
+
+        The record is created before it is read (a batch id is new in the common case): the decision is
+        asked on "no record", whose first action creates PENDING with a compare-and-swap against absent;
+        if a record is there (:class:`RecordExistsError` from that first write, before anything else was
+        done), it is read and the decision asked again on its state (see :mod:`twophase.decisions`).
         """
         present = [a for a in acks if a is not None]
         expected = ({str(t) for t in expected_tasks} if expected_tasks is not None
                     else {a.task_id for a in present} | ({"<missing>"} if len(present) < len(acks) else set()))
         with self._lock, self.log.locked():
             self._bind_query(checkpoint_id, present)
-            call = self._read(checkpoint_id, handles=[a.handle for a in present], acks=present,
-                              expected_tasks=frozenset(expected))
-            highest = self.log.highest_committed()
-            facts = Facts(below_highest=highest is not None and checkpoint_id < highest,
-                          sweep_after_commit=self.sweep_after_commit)
-            outcome = self._run(Event.BATCH_COMMIT, call.state, facts, call)
+            facts = Facts(sweep_after_commit=self.sweep_after_commit)
+            kw: dict[str, Any] = dict(handles=[a.handle for a in present], acks=present,
+                                      expected_tasks=frozenset(expected))
+            # create first, read only if a record is there (no GET of an absent record, no listing)
+            call = _Call(checkpoint_id, None, (None, None), **kw)
+            try:
+                outcome = self._run(Event.BATCH_COMMIT, None, facts, call)
+            except RecordExistsError:
+                if call.record is not None:  # a later write of this call: not the create
+                    raise
+                call = self._read(checkpoint_id, **kw)
+                outcome = self._run(Event.BATCH_COMMIT, call.state, facts, call)
             assert outcome is not None, "every BATCH_COMMIT decision ends with an outcome"
             return outcome
 
@@ -503,7 +527,7 @@ class CheckpointCoordinator:
             self.last_completion = self.clock()
             self.consecutive_failures = 0
         elif isinstance(action, WriteCommitted):
-            rec = self._write(call, CheckpointState.COMMITTED)
+            rec = self._write(call, CheckpointState.COMMITTED, **({"swept": True} if call.sweep_done else {}))
             _log.info("checkpoint_committed", sink_id=self.log.sink_id, checkpoint_id=cid, handles=len(rec.handles),
                       recovering=call.recovering,
                       commit_ms=round((time.perf_counter() - call.commit_started) * 1e3, 3))
@@ -515,11 +539,13 @@ class CheckpointCoordinator:
             up_to = cid if action.up_to is None else action.up_to
             if not action.best_effort:
                 call.swept = self._sweep(up_to)
+                call.sweep_done = True
             else:
                 # cleanup only: a failure is logged and the next sweep (the next commit, the next recovery)
                 # retries it; it never fails a batch whose data is already committed
                 try:
                     call.swept = self._sweep(up_to)
+                    call.sweep_done = True
                 except Exception as e:  # noqa: BLE001 - see above
                     _log.warning("sweep_failed", sink_id=self.log.sink_id, checkpoint_id=up_to, error=str(e),
                                  consequence="leftovers stay until the next sweep")
@@ -529,8 +555,9 @@ class CheckpointCoordinator:
             # step 4: commit everything completed up to cid, in order (invariant 3)
             self.notify_checkpoint_complete(cid, current=call.record)
         elif isinstance(action, CheckSuperseded):
-            # this call created the record of an id the log had none of: did another driver commit a higher
-            # id meanwhile (then this id's old record was pruned and this writer is a zombie)? (log invariant 7)
+            # this call holds a PENDING record it created, re-opened or found: is the id below the highest
+            # committed one (committed before and pruned, or by another driver meanwhile)? A listing made
+            # after the create, so it cannot miss such a commit (log invariant 7)
             highest = self.log.highest_committed(fresh=True)
             facts = Facts(below_highest=highest is not None and cid < highest, highest_committed=highest)
             outcome = self._run(Event.SUPERSEDED_CHECK, call.state, facts, call)

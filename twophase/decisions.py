@@ -27,12 +27,17 @@ ends the list; a ``[fact]`` splits a cell)::
     ACKS_COMPLETE       PENDING                        WriteCompleted, CommitUpTo   (steps 3-4, invariant 1)
     (step 3)            ∅, COMPLETED, COMMITTED,       Refuse(-> COMPLETED)
                         ABORTED, LOST
-    NOTIFY_COMPLETE     COMPLETED                      CommitHandles(recovering=[older]), WriteCommitted
+    NOTIFY_COMPLETE     COMPLETED [older]              CommitHandles(recovering), WriteCommitted
+                        COMPLETED [not older,          CommitHandles, Sweep(best effort), WriteCommitted
+                        sweep_after_commit and         (the record says whether the sweep went through)
+                        sweep_with_commit]
+                        COMPLETED [not older, else]    CommitHandles, WriteCommitted
     (step 4, each       PENDING [older]                WriteAborted("subsumed by checkpoint n"): an orphan
     unfinished record   PENDING [not older]            —
     <= n)               ∅, COMMITTED, ABORTED, LOST    —
-    CLEAN_UP            any [sweep_after_commit]       Sweep(best effort), Prune
-    (step 5b)           any [not sweep_after_commit]   Prune
+    CLEAN_UP            any [sweep_after_commit and    Sweep(best effort), Prune
+    (step 5b)           not sweep_with_commit]
+                        any [else]                     Prune
     ABORT               PENDING                        AbortHandles(ACKED), WriteAborted(reason)
     (decline, timeout,  ∅, ABORTED                     AbortHandles(ACKED)
     subsumed, task      COMPLETED, COMMITTED, LOST     AbortHandles(UNRECORDED)     (never the decided ones)
@@ -41,22 +46,23 @@ ends the list; a ``[fact]`` splits a cell)::
     (invariant 5, each  PENDING                        AbortHandles(RECORDED, recovering),
     unfinished record)                                 WriteAborted("aborted at recovery")
                         ∅, COMMITTED, ABORTED, LOST    —
-    RECOVERY_SWEEP      any [a highest committed id]   Sweep(up to it)  (errors propagate; ids above it
-                        any [none committed]           —                 may be re-attempted right now)
-    BATCH_COMMIT        ∅ [below highest]              AbortHandles(ACKED), Outcome(ALREADY_COMMITTED)
-    (Spark: trigger,                                   (committed, then pruned: invariant 2)
-    acks and            ∅ [not below highest]          WritePending, CheckSuperseded, TakeAcks
-    complete at once)   ABORTED                        WritePending, TakeAcks       (a re-run of the id)
-                        PENDING                        TakeAcks
+    RECOVERY_SWEEP      any [a highest committed id,   Sweep(up to it)  (errors propagate; ids above it
+                        not swept]                                        may be re-attempted right now)
+                        any [its record says swept]    —   (swept with its commit: see below)
+                        any [none committed]           —
+    BATCH_COMMIT        ∅                              WritePending, CheckSuperseded, TakeAcks
+    (Spark: trigger,                                   (committed, then pruned: found by CheckSuperseded)
+    acks and            ABORTED                        WritePending, CheckSuperseded, TakeAcks   (a re-run)
+    complete at once)   PENDING                        CheckSuperseded, TakeAcks
                         COMPLETED                      AbortHandles(UNRECORDED), CommitUpTo, Outcome(RECOVERED)
                         COMMITTED                      AbortHandles(UNRECORDED), [sweep_after_commit]
                                                        Sweep(best effort), Outcome(ALREADY_COMMITTED)
                         LOST                           AbortHandles(UNRECORDED), Outcome(ALREADY_COMMITTED)
-    SUPERSEDED_CHECK    PENDING [below highest]        WriteAborted("checkpoint h was committed meanwhile
-    (after BATCH_COMMIT                                by another driver"), AbortHandles(ACKED),
-    created the record;                                Outcome(ALREADY_COMMITTED)   (log invariant 7)
-    fresh highest)      PENDING [not below highest]    —   (go on: TakeAcks)
-                        ∅, COMPLETED, COMMITTED,       —   (not asked: the call just wrote PENDING)
+    SUPERSEDED_CHECK    PENDING [below highest]        WriteAborted("below the highest committed
+    (after BATCH_COMMIT                                checkpoint h..."), AbortHandles(ACKED),
+    created, re-opened                                 Outcome(ALREADY_COMMITTED)   (invariant 2, log inv. 7)
+    or found PENDING;   PENDING [not below highest]    —   (go on: TakeAcks)
+    fresh highest)      ∅, COMPLETED, COMMITTED,       —   (not asked: the call holds a PENDING record)
                         ABORTED, LOST
     SPARK_ABORT_BATCH   ∅ [below highest]              AbortHandles(ACKED)   (no record: one would reopen it)
                         ∅ [not below highest]          AbortHandles(ACKED), WriteAborted(reason)
@@ -90,6 +96,30 @@ ACK_REJECTED event, a missing one an ABORT event (then CheckpointDeclinedError),
 ACKS_COMPLETE event (Outcome COMMITTED). ``CommitUpTo`` is ``notify_checkpoint_complete(id)``: a
 NOTIFY_COMPLETE event per unfinished record <= id, then CLEAN_UP. ``CheckSuperseded`` reads the highest
 committed id afresh and asks SUPERSEDED_CHECK.
+
+BATCH_COMMIT decides on "no record" before reading (the executor creates the record, a compare-and-swap
+against absent; if one is there it reads it and asks again with its state): in the common case, a new
+batch id, that costs one conditional PutObject where a read of the record and a listing for the highest
+committed id cost two requests of S3's slowest kind. An id that was committed and then pruned (a re-run
+of an old batch, which Spark never does for a batch it has logged, or a zombie driver) is then found by
+CheckSuperseded, whose listing comes after the create and so cannot miss a commit made meanwhile; that
+rare path leaves an ABORTED record at the old id, naming why. Every BATCH_COMMIT that would take acks
+into a PENDING record (created, re-opened from ABORTED, or found) asks CheckSuperseded first: a record
+below the highest COMMITTED id is never legitimately unfinished (log invariant 6), so whatever left it
+there (such an ABORTED record re-run, a crash between its PENDING and ABORTED writes, a zombie) its id
+was committed before and is never committed again. Only failed or repeated batches reach those states,
+so the listing costs nothing in the common case.
+
+Sweeping with the commit (``sweep_with_commit``, a committer's declaration that a handle committed again
+after a sweep is still ALREADY_COMMITTED, as S3's are): the sweep up to ``n`` runs after ``n``'s handles
+are committed and before COMMITTED is recorded, and the record says whether it went through. Everything
+at or below ``n`` is then final or ``n``'s own committed handles, so nothing the sweep aborts can ever
+be committed (sink invariant 5). The recovery before the next batch skips its sweep when the highest
+COMMITTED record says swept: nothing lingering up to that id existed when it was recorded, except what
+an attempt still running created afterwards (a speculative or zombie task), which the next commit's
+sweep aborts (it covers every id up to its own). A record committed at recovery, by an older version, or
+whose sweep failed says not swept, and recovery sweeps. The log's attempt number is no evidence here:
+a retried, speculative or zombie TASK leaves uploads behind while its checkpoint commits at attempt 1.
 
 Spark's abort of a batch with no record writes ABORTED directly (``∅ -> ABORTED`` in
 :data:`~twophase.states.CHECKPOINT_TRANSITIONS`): the record that results is the one the old
@@ -158,7 +188,7 @@ class Event(str, enum.Enum):
 class Facts:
     """Plain values the caller read before asking; each event reads only the ones it names."""
 
-    #: BATCH_COMMIT, SUPERSEDED_CHECK, SPARK_ABORT_BATCH: the id is below the highest COMMITTED id
+    #: SUPERSEDED_CHECK, SPARK_ABORT_BATCH: the id is below the highest COMMITTED id
     #: (with no record: it was committed, then pruned)
     below_highest: bool = False
     #: RECOVERY_SWEEP: the highest committed id (None: none); SUPERSEDED_CHECK: for the reason
@@ -169,8 +199,12 @@ class Facts:
     notified: Optional[int] = None
     #: ACK_REJECTED: the handle is the very one the pending checkpoint already accepted (a redelivery)
     redelivered: bool = False
-    #: CLEAN_UP, BATCH_COMMIT: the coordinator sweeps lingering transactions right after a commit
+    #: CLEAN_UP, BATCH_COMMIT, NOTIFY_COMPLETE: the coordinator sweeps lingering transactions right after a commit
     sweep_after_commit: bool = True
+    #: NOTIFY_COMPLETE, CLEAN_UP: the committer lets that sweep run before COMMITTED is recorded (see above)
+    sweep_with_commit: bool = False
+    #: RECOVERY_SWEEP: the highest COMMITTED record says it was swept with its commit
+    swept: bool = False
     #: ABORT, SPARK_ABORT_BATCH, RESOLVE_LOST: the caller's reason
     reason: Optional[str] = None
 
@@ -303,12 +337,15 @@ def decide(event: Event, state: Optional[CheckpointState], facts: Facts = Facts(
         return [WriteCompleted(), CommitUpTo()] if state is S.PENDING else [Refuse(S.COMPLETED)]
     if event is Event.NOTIFY_COMPLETE:
         if state is S.COMPLETED:
-            return [CommitHandles(recovering=facts.older), WriteCommitted()]
+            sweep = not facts.older and facts.sweep_after_commit and facts.sweep_with_commit
+            return [CommitHandles(recovering=facts.older), *([Sweep(best_effort=True)] if sweep else []),
+                    WriteCommitted()]
         if state is S.PENDING and facts.older:
             return [WriteAborted(f"subsumed by checkpoint {facts.notified}")]
         return []
     if event is Event.CLEAN_UP:
-        return [Sweep(best_effort=True), Prune()] if facts.sweep_after_commit else [Prune()]
+        sweep = facts.sweep_after_commit and not facts.sweep_with_commit
+        return [Sweep(best_effort=True), Prune()] if sweep else [Prune()]
     if event is Event.ABORT:
         if state is S.PENDING:
             return [AbortHandles(Handles.ACKED), WriteAborted(_reason(facts))]
@@ -320,12 +357,14 @@ def decide(event: Event, state: Optional[CheckpointState], facts: Facts = Facts(
             return [AbortHandles(Handles.RECORDED, recovering=True), WriteAborted("aborted at recovery")]
         return []
     if event is Event.RECOVERY_SWEEP:
-        return [] if facts.highest_committed is None else [Sweep(up_to=facts.highest_committed)]
+        return [] if facts.highest_committed is None or facts.swept else [Sweep(up_to=facts.highest_committed)]
     if event is Event.BATCH_COMMIT:
         return _batch_commit(state, facts)
     if event is Event.SUPERSEDED_CHECK:
         if state is S.PENDING and facts.below_highest:
-            return [WriteAborted(f"checkpoint {facts.highest_committed} was committed meanwhile by another driver"),
+            return [WriteAborted(f"below the highest committed checkpoint {facts.highest_committed}: committed "
+                                 "before (its record pruned) or by another driver meanwhile; nothing of this "
+                                 "attempt is committed"),
                     AbortHandles(Handles.ACKED), Outcome(CommitOutcome.ALREADY_COMMITTED)]
         return []
     if event is Event.SPARK_ABORT_BATCH:
@@ -364,13 +403,11 @@ def decide(event: Event, state: Optional[CheckpointState], facts: Facts = Facts(
 
 def _batch_commit(state: Optional[CheckpointState], facts: Facts) -> list[Action]:
     if state is None:
-        if facts.below_highest:
-            return [AbortHandles(Handles.ACKED), Outcome(CommitOutcome.ALREADY_COMMITTED)]
         return [WritePending(), CheckSuperseded(), TakeAcks()]
     if state is S.ABORTED:
-        return [WritePending(), TakeAcks()]
+        return [WritePending(), CheckSuperseded(), TakeAcks()]
     if state is S.PENDING:
-        return [TakeAcks()]
+        return [CheckSuperseded(), TakeAcks()]
     if state is S.COMPLETED:
         return [AbortHandles(Handles.UNRECORDED), CommitUpTo(), Outcome(CommitOutcome.RECOVERED)]
     # a re-run of a committed batch (Spark had not logged it): its own retried or crashed attempts are

@@ -55,6 +55,12 @@ class ConcurrentWriterError(TwoPhaseError):
     """A second query or job tried to use a sink id that another one owns; give it its own sink id or path."""
 
 
+class RecordExistsError(ConcurrentWriterError):
+    """A log record this writer meant to create (a compare-and-swap against "absent") is there: another call
+    created it since. The Spark commit creates a batch's record before reading it and, on this error,
+    reads the record and decides on what is there (twophase.coordinator)."""
+
+
 class QueryMismatchError(ConcurrentWriterError):
     """A sink's log belongs to another streaming query (e.g. the checkpoint was deleted and recreated, so batch
     ids restart at 0); nothing is committed. Give the new query its own ``sink.id``, or restore the old checkpoint."""

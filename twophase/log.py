@@ -24,7 +24,11 @@ a SHA-256 of its body. Invariants (named in tests as ``test_log_invN_*``):
    checkpoints in id order and aborts older pending ones before it commits a newer one). So the
    questions recovery asks (what is unfinished, what is the highest committed id) are answered by
    one listing and reading records from the newest down to the first COMMITTED one: O(1) reads in
-   the steady state, which matters when the log is on S3.
+   the steady state, which matters when the log is on S3. One record may break the first sentence: a PENDING
+   record that a commit created at an id committed and pruned long before (a zombie driver, or a
+   re-run of an old batch) and was killed before recording it ABORTED. Recovery does not see it, and
+   a commit that meets it finds it below the highest COMMITTED id and never commits it
+   (:mod:`twophase.decisions`, CheckSuperseded).
 7. Every transition is a compare-and-swap against the version of the record the decision was based
    on (:meth:`LogStore.put_if_version`: a hash under the lock for local stores, If-Match /
    If-None-Match on S3): of two writers (drivers) that read the same record, the second write fails
@@ -32,6 +36,15 @@ a SHA-256 of its body. Invariants (named in tests as ``test_log_invN_*``):
    checkpoint id has at most one COMPLETED record, whatever the number of drivers.
 8. Directories are created durably (each new directory's parent is fsynced) and writes are complete
    (a short ``os.write`` is continued, never ignored).
+9. Reading costs one listing per decision, not a GET per record this process already holds: a record
+   is taken from memory only when the listing (one per :meth:`~TransactionLog.locked` span, or per
+   :meth:`~TransactionLog.view` outside it) reports it at the very version this process put or read it
+   at (``LogStore.list_versioned``: S3's ETags; a local store reports none, so there every record is
+   read), and a checkpoint id missing from the span's listing is taken as absent without a read. Both
+   are safe against other writers: a record changed since has another version (read again), and a
+   record created after the listing makes this process's create fail its compare-and-swap
+   (invariant 7), never replace it. A record this process just wrote is never read back: the put's
+   version is kept.
 """
 
 from __future__ import annotations
@@ -40,7 +53,9 @@ import contextlib
 import hashlib
 import json
 import socket
+import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterator, Mapping, Optional
 
@@ -48,7 +63,8 @@ from twophase._logging import get_logger
 from twophase._redact import redact_text
 from twophase.log_store import LocalLogStore, LogStore, open_store  # noqa: F401  (public names here too)
 from twophase.checkpoint import CheckpointProperties, CompletedCheckpoint, Handle
-from twophase.errors import (ConcurrentWriterError, ConfigurationError, LogCorruptError, QueryMismatchError)
+from twophase.errors import (ConcurrentWriterError, ConfigurationError, LogCorruptError, QueryMismatchError,
+                             RecordExistsError)
 from twophase.states import CheckpointState, check_transition
 
 _log = get_logger(__name__)
@@ -74,6 +90,9 @@ class CheckpointRecord:
     timestamps: Mapping[str, float] = field(default_factory=dict)
     reason: Optional[str] = None
     task_state: Optional[Mapping[str, Any]] = None
+    #: COMMITTED: the sink's lingering transactions up to this id were swept after its handles were
+    #: committed and before this record was written (so recovery needs no sweep up to here)
+    swept: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -85,13 +104,14 @@ class CheckpointRecord:
             "timestamps": dict(self.timestamps),
             "reason": self.reason,
             "task_state": self.task_state,
+            **({"swept": True} if self.swept else {}),
         }
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "CheckpointRecord":
         return cls(int(d["checkpoint_id"]), CheckpointState(d["state"]), dict(d.get("handles") or {}),
                    CheckpointProperties.from_json(d.get("properties") or {}), int(d.get("attempt", 1)),
-                   dict(d.get("timestamps") or {}), d.get("reason"), d.get("task_state"))
+                   dict(d.get("timestamps") or {}), d.get("reason"), d.get("task_state"), bool(d.get("swept", False)))
 
     def to_completed(self) -> CompletedCheckpoint:
         return CompletedCheckpoint(self.checkpoint_id, dict(self.handles), self.properties,
@@ -129,6 +149,20 @@ def decode_record(data: bytes, where: str) -> dict[str, Any]:
 #: (location, sink id, query id) whose query.json this process has read and found equal; the object is
 #: write-once, so a verified match needs no further read (bind_query runs up to three times a batch)
 _VERIFIED_BINDINGS: set[tuple[str, str, str]] = set()
+#: (location, sink id, owner) whose owner.json this process has read or written and found its own; also
+#: write-once (claim runs before every micro-batch, in the planner and the commit worker)
+_VERIFIED_OWNERS: set[tuple[str, str, str]] = set()
+
+#: Records this process put or read, by (log location, sink id, checkpoint id): (version, record).
+#: Invariant 9: used only when a listing reports the same version. Bounded; the oldest go first.
+_KNOWN: "OrderedDict[tuple[str, str, int], tuple[str, CheckpointRecord]]" = OrderedDict()
+_KNOWN_MAX = 128
+_KNOWN_LOCK = threading.Lock()
+
+
+def _same_version(a: Optional[str], b: Optional[str]) -> bool:
+    """Two versions of one object are equal (S3 ETags compare without their quotes)."""
+    return a is not None and b is not None and a.strip('"') == b.strip('"')
 
 
 @dataclass(frozen=True)
@@ -161,7 +195,8 @@ class TransactionLog:
         # stays true until the lock is released: reads and the listing are cached for that span only.
         self._locked_depth = 0
         self._cache: dict[int, tuple[Optional[CheckpointRecord], Optional[str]]] = {}
-        self._ids: Optional[set[int]] = None
+        #: the lock span's listing: checkpoint id -> version the listing reported (None: not reported)
+        self._listing: Optional[dict[int, Optional[str]]] = None
 
     @classmethod
     def open(cls, location: str, sink_id: str, *, retain: int = 100) -> "TransactionLog":
@@ -228,16 +263,21 @@ class TransactionLog:
         # the owner is recorded without a password a checkpoint URL may carry (user:password@): the log
         # never holds credentials (twophase._redact); an older record with the full URL still matches
         given, owner = owner, redact_text(owner)
+        key = (self.location, self.sink_id, owner)
+        if self.store.remote and key in _VERIFIED_OWNERS:  # owner.json is write-once: verified once per process
+            return
         current, created = self._write_once("owner.json", {"sink_id": self.sink_id, "owner": owner,
                                                             "host": socket.gethostname(), "claimed_at": time.time()})
         if created:
             _log.info("log_claimed", sink_id=self.sink_id, owner=owner, location=self.location)
+            _VERIFIED_OWNERS.add(key)
             return
         if current is None or current.get("owner") not in (owner, given) or current.get("sink_id") != self.sink_id:
             raise ConcurrentWriterError(
                 f"sink id {self.sink_id!r} (log {self.location}) is owned by "
                 f"{redact_text(str(current.get('owner'))) if current else '?'!r}; this writer is {owner!r}. Two queries must not share "
                 "a sink: give this one its own output path or 'sink.id', or delete the old output to start over")
+        _VERIFIED_OWNERS.add(key)
 
     def owner(self) -> Optional[dict[str, Any]]:
         return self._read_once("owner.json")
@@ -264,7 +304,12 @@ class TransactionLog:
         return self.get_versioned(checkpoint_id)[0]
 
     def get_versioned(self, checkpoint_id: int) -> tuple[Optional[CheckpointRecord], Optional[str]]:
-        """The record and the store version it was read at (what :meth:`transition` compares against)."""
+        """The record and the store version it was read at (what :meth:`transition` compares against).
+
+        Inside :meth:`locked`, once the span has listed the log, no read where the listing answers
+        (invariant 9)."""
+        if self._locked_depth and self._listing is not None:
+            return self._listed(checkpoint_id, self._listing)
         if self._locked_depth and checkpoint_id in self._cache:
             return self._cache[checkpoint_id]
         got = self._read(checkpoint_id)
@@ -272,12 +317,52 @@ class TransactionLog:
             self._cache[checkpoint_id] = got
         return got
 
+    def _listed(self, checkpoint_id: int,
+                listing: Mapping[int, Optional[str]]) -> tuple[Optional[CheckpointRecord], Optional[str]]:
+        """The record of ``checkpoint_id`` given a listing of the log (invariant 9): absent if the listing
+        has no such id, from memory if the listing reports the version this process holds, else read."""
+        if self._locked_depth and checkpoint_id in self._cache:
+            return self._cache[checkpoint_id]
+        if checkpoint_id not in listing:
+            got: tuple[Optional[CheckpointRecord], Optional[str]] = (None, None)
+        else:
+            got = self._known(checkpoint_id, listing[checkpoint_id]) or self._read(checkpoint_id)
+        if self._locked_depth:
+            self._cache[checkpoint_id] = got
+        return got
+
+    def _known(self, checkpoint_id: int, listed: Optional[str]) -> Optional[tuple[CheckpointRecord, str]]:
+        """The record this process put or read at version ``listed``, if it holds that version."""
+        key = (self.location, self.sink_id, checkpoint_id)
+        with _KNOWN_LOCK:
+            hit = _KNOWN.get(key)
+            if hit is None or not _same_version(hit[0], listed):
+                return None
+            _KNOWN.move_to_end(key)
+        return hit[1], hit[0]
+
+    def _remember(self, checkpoint_id: int, record: Optional[CheckpointRecord], version: Optional[str]) -> None:
+        if not self.store.lists_versions:  # nothing could ever prove it current: keep nothing
+            return
+        key = (self.location, self.sink_id, checkpoint_id)
+        with _KNOWN_LOCK:
+            if record is None or version is None:
+                _KNOWN.pop(key, None)
+                return
+            _KNOWN[key] = (version, record)
+            _KNOWN.move_to_end(key)
+            while len(_KNOWN) > _KNOWN_MAX:
+                _KNOWN.popitem(last=False)
+
     def _read(self, checkpoint_id: int) -> tuple[Optional[CheckpointRecord], Optional[str]]:
         name = self._name(checkpoint_id)
         data, version = self.store.get_versioned(name)
         if data is None:
+            self._remember(checkpoint_id, None, None)
             return None, None
-        return self._decode(name, data), version
+        record = self._decode(name, data)
+        self._remember(checkpoint_id, record, version)
+        return record, version
 
     def _decode(self, name: str, data: bytes) -> CheckpointRecord:
         body = decode_record(data, f"{self.location}/{name}")
@@ -290,26 +375,33 @@ class TransactionLog:
 
     def records(self) -> list[CheckpointRecord]:
         """Every record, in checkpoint id order."""
-        return [rec for rec in map(self.get, self.checkpoint_ids()) if rec is not None]
+        listing = self._list()
+        return [rec for rec in (self._listed(cid, listing)[0] for cid in sorted(listing)) if rec is not None]
 
     def checkpoint_ids(self) -> list[int]:
-        if self._locked_depth and self._ids is not None:
-            return sorted(self._ids)
-        ids = set()
-        for name in self.store.list("checkpoints/"):
+        return sorted(self._list())
+
+    def _list(self) -> dict[int, Optional[str]]:
+        """Checkpoint id -> version as listed; one listing per lock span (invariant 9)."""
+        if self._locked_depth and self._listing is not None:
+            return self._listing
+        listing: dict[int, Optional[str]] = {}
+        for name, version in self.store.list_versioned("checkpoints/"):
             base = name.rsplit("/", 1)[-1]
             if base.endswith(".json") and base[:-5].isdigit():
-                ids.add(int(base[:-5]))
+                listing[int(base[:-5])] = version
         if self._locked_depth:
-            self._ids = ids
-        return sorted(ids)
+            self._listing = listing
+        return listing
 
     def view(self) -> "LogView":
-        """One listing, then records read from the newest down to the first COMMITTED one (invariant 6)."""
-        ids = self.checkpoint_ids()
+        """One listing, then records read from the newest down to the first COMMITTED one (invariant 6),
+        each from memory where the listing shows the version this process holds (invariant 9)."""
+        listing = self._list()
+        ids = sorted(listing)
         newer: list[CheckpointRecord] = []
         for cid in reversed(ids):
-            rec = self.get(cid)
+            rec = self._listed(cid, listing)[0]
             if rec is None:
                 continue
             if rec.state is CheckpointState.COMMITTED:
@@ -321,7 +413,8 @@ class TransactionLog:
         """The highest COMMITTED checkpoint id (kept through pruning, invariant 4); ``fresh`` lists and
         reads again even inside :meth:`locked` (to see what another host wrote meanwhile)."""
         if fresh:
-            self._ids = None
+            # a new listing; records are then taken from memory only where it shows the version held (inv. 9)
+            self._listing = None
             self._cache = {cid: got for cid, got in self._cache.items() if got[0] is not None and got[0].state.is_final}
         return self.view().highest_committed
 
@@ -371,15 +464,18 @@ class TransactionLog:
         new_version = self.store.put_if_version(name, data, version)
         if new_version is None:
             self._cache.pop(record.checkpoint_id, None)
-            raise ConcurrentWriterError(
+            self._listing = None  # the listing no longer tells this record's version: list again if asked
+            self._remember(record.checkpoint_id, None, None)
+            raise (ConcurrentWriterError if version is not None else RecordExistsError)(
                 f"checkpoint {record.checkpoint_id} of sink {self.sink_id!r} (log {self.location}) was changed by "
                 f"another writer since this one read it; refusing to record {record.state.value} over it. Another "
                 "driver (a zombie after a failover, or a second query with this sink id) is writing this log; "
                 "this attempt stops and nothing of it is committed")
+        self._remember(record.checkpoint_id, record, new_version)  # never read back (invariant 9)
         if self._locked_depth:
             self._cache[record.checkpoint_id] = (record, new_version)
-            if self._ids is not None:
-                self._ids.add(record.checkpoint_id)
+            if self._listing is not None:
+                self._listing[record.checkpoint_id] = new_version
 
     def prune(self) -> int:
         """Apply retention (invariant 4); returns how many records were removed.
@@ -401,8 +497,9 @@ class TransactionLog:
             if cid not in keep_ids:
                 self.store.delete(self._name(cid))
                 self._cache.pop(cid, None)
-                if self._ids is not None:
-                    self._ids.discard(cid)
+                self._remember(cid, None, None)
+                if self._listing is not None:
+                    self._listing.pop(cid, None)
                 removed += 1
         return removed
 
@@ -417,4 +514,4 @@ class TransactionLog:
                 self._locked_depth -= 1
                 if self._locked_depth == 0:
                     self._cache.clear()
-                    self._ids = None
+                    self._listing = None

@@ -18,6 +18,9 @@ Invariants of the store (``test_s3_log_invN_*``):
 4. ``lock`` serialises mutations of processes on this machine (an flock keyed by the location), which
    is what Spark's planner and commit workers need; writers on other machines are kept apart by the
    log's ownership record (put-if-absent), not by this lock.
+5. ``list_versioned`` reports each object's ETag as the listing saw it (S3 lists are strongly
+   consistent): a record whose listed ETag equals the one this process put or read has those bytes,
+   so the log reads it from memory instead of a GetObject (log invariant 9).
 """
 
 from __future__ import annotations
@@ -139,6 +142,9 @@ def http_status(e: BaseException) -> int:
 class S3LogStore(LogStore):
     """A :class:`LogStore` under ``s3://bucket/prefix`` (see module invariants)."""
 
+    lists_versions = True  # invariant 5
+    remote = True
+
     def __init__(self, location: str, config: Optional[S3Config] = None) -> None:
         self.bucket, self.prefix = parse_s3_url(location, option="log.location")
         self.config = config or S3Config()
@@ -226,13 +232,17 @@ class S3LogStore(LogStore):
         return self.put_if_version(name, data, None) is not None
 
     def list(self, prefix: str) -> list[str]:
+        return [name for name, _ in self.list_versioned(prefix)]
+
+    def list_versioned(self, prefix: str) -> list[tuple[str, Optional[str]]]:  # invariant 5
+        """One ListObjectsV2 (a page per 1000 names): each name with the ETag the listing reports."""
         folder = prefix if not prefix or prefix.endswith("/") else prefix + "/"
         base = f"{self.prefix}/{folder}" if self.prefix else folder
         strip = len(self.prefix) + 1 if self.prefix else 0
-        names: list[str] = []
+        names: list[tuple[str, Optional[str]]] = []
         try:
             for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base):
-                names.extend(o["Key"][strip:] for o in page.get("Contents", ()))
+                names.extend((o["Key"][strip:], o.get("ETag")) for o in page.get("Contents", ()))
         except Exception as e:
             raise self._fail("list", prefix, e) from e
         return sorted(names)

@@ -62,6 +62,12 @@ class LogStore(abc.ABC):
     """Where log objects live. Names are relative, ``/``-separated. Implementations must make
     :meth:`put` atomic (readers see the old or the new bytes) and :meth:`put_if_absent` exclusive."""
 
+    #: :meth:`list_versioned` reports versions (S3's ETags), so a record already held needs no read
+    lists_versions: bool = False
+    #: every read is a network request (S3): a write-once object (owner.json) this process verified is
+    #: not read again (a local store reads it every time, which also finds it corrupted at once)
+    remote: bool = False
+
     @property
     @abc.abstractmethod
     def location(self) -> str:
@@ -94,6 +100,12 @@ class LogStore(abc.ABC):
     @abc.abstractmethod
     def list(self, prefix: str) -> list[str]:
         """Names under ``prefix`` (a folder name ending in ``/``), sorted."""
+
+    def list_versioned(self, prefix: str) -> list[tuple[str, Optional[str]]]:
+        """Names under ``prefix`` with the version each had when listed (the one :meth:`get_versioned`
+        and :meth:`put_if_version` give), or None where the listing does not tell it (the default:
+        then only a read tells the version). Sorted by name."""
+        return [(name, None) for name in self.list(prefix)]
 
     @abc.abstractmethod
     def delete(self, name: str) -> None:

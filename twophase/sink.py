@@ -213,6 +213,13 @@ class SinkCommitter(abc.ABC, Generic[C]):
 
     #: commit the committables of one checkpoint with this many threads (I/O-bound sinks set > 1)
     commit_parallelism: int = 1
+    #: the sweep after a commit (``abort_lingering(n)``) may run between committing checkpoint ``n``'s
+    #: handles and recording it COMMITTED: committing one of those handles again after the sweep (recovery
+    #: after a crash in between) is still ALREADY_COMMITTED. Then the COMMITTED record says the sweep went
+    #: through and the recovery before the next batch needs none (:mod:`twophase.decisions`). False where a
+    #: sweep may fence what a later commit of the same handle needs (Kafka's transactional ids). Such a
+    #: sweep's ``highest_committed`` argument is the id below ``n`` (``n`` is not recorded COMMITTED yet).
+    sweep_with_commit: bool = False
     #: the committable class this committer takes (decodes JSON handles from acks and the log)
     committable_type: type[Committable] = Committable
 

@@ -232,3 +232,114 @@ def test_s3_sink_inv4_last_batch_loser_upload_aborted_after_commit(s3_server: S3
         commit(sink, lost.handle)
     in_flight.abort()
     foreign.abort()
+
+
+def test_s3_log_inv5_listed_etags_spare_reads_of_records_already_held(s3_server: S3Server) -> None:
+    """The server's listing reports the ETag the put returned, so a record this process wrote is never
+    read back (log invariant 9); a record another writer changed has another ETag and is read again."""
+    from twophase.log import encode_record, CheckpointRecord
+    from twophase.states import CheckpointState as C
+    bucket = s3_server.new_bucket()
+    log = TransactionLog(S3LogStore(f"s3://{bucket}/log", config(s3_server)), "s")
+    log.transition(1, C.PENDING)
+    log.transition(1, C.COMPLETED, handles={})
+    log.transition(1, C.COMMITTED)
+    log.transition(2, C.PENDING)
+    gets = count_calls(log.store.client, "GetObject")
+    with log.locked():
+        assert log.view().highest_committed == 1 and log.get(2).state is C.PENDING and log.get(3) is None
+    assert gets == []
+    other = CheckpointRecord(2, C.ABORTED, timestamps={"ABORTED": 1.0}, reason="another driver")
+    s3_server.client().put_object(Bucket=bucket, Key="log/checkpoints/00000000000000000002.json",
+                                  Body=encode_record({"sink_id": "s", "record": other.to_json()}))
+    assert [r.reason for r in log.view().newer] == ["another driver"]
+    assert [g["Key"] for g in gets] == ["log/checkpoints/00000000000000000002.json"]
+
+
+def test_s3_sink_inv4_swept_with_the_commit_so_the_next_recovery_lists_no_uploads(s3_server: S3Server) -> None:
+    """A task attempt of batch 1 died with its upload open (the retry won: the log says attempt 1, no abort).
+    The commit of batch 1 sweeps it and records so; the recovery before batch 2 then lists no uploads. An
+    upload a late (speculative, zombie) attempt of batch 1 opens after that sweep is aborted by batch 2's
+    commit, which covers every checkpoint up to 2."""
+    bucket = s3_server.new_bucket()
+    sink = make_sink(s3_server, bucket)
+    log = sink.transaction_log()
+    crashed = sink.create_writer(TransactionContext(sink.sink_id, 1, "0"))
+    crashed.write(rows(10))
+    acks = [run_task(sink, TransactionContext(sink.sink_id, 1, "0"), [rows(10)])]
+    assert CheckpointCoordinator(sink, log).complete_batch(1, acks) == "COMMITTED"
+    rec = log.get(1)
+    assert (rec.attempt, rec.swept) == (1, True)
+    client = s3_server.client()
+    assert client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+    late = sink.create_writer(TransactionContext(sink.sink_id, 1, "1"))
+    late.write(rows(10))
+    listings = count_calls(sink.client, "ListMultipartUploads")
+    CheckpointCoordinator(sink, log).recover()
+    assert listings == []
+    assert len(client.list_multipart_uploads(Bucket=bucket)["Uploads"]) == 1
+    CheckpointCoordinator(sink, log).complete_batch(2, [run_task(sink, TransactionContext(sink.sink_id, 2, "0"),
+                                                                 [rows(10)])])
+    assert client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == [] and len(listings) == 1
+
+
+def test_s3_sink_inv5_a_checkpoint_s_uploads_are_completed_at_once(s3_server: S3Server) -> None:
+    """Four tasks' uploads: each CompleteMultipartUpload waits at a barrier of four before it is sent, so a
+    commit that completed them one after another would break the barrier (and fail) instead of passing."""
+    bucket = s3_server.new_bucket()
+    sink = make_sink(s3_server, bucket)
+    acks = [run_task(sink, TransactionContext(sink.sink_id, 0, str(t)), [rows(10, t * 10)]) for t in range(4)]
+    barrier = threading.Barrier(4, timeout=30)
+
+    def all_four_at_once(**_: Any) -> None:
+        barrier.wait()
+
+    sink.client.meta.events.register("before-call.s3.CompleteMultipartUpload", all_four_at_once)
+    assert CheckpointCoordinator(sink).complete_batch(0, acks) == "COMMITTED"
+    assert s3_server.client().list_objects_v2(Bucket=bucket, Prefix="out/part-")["KeyCount"] == 4
+
+
+def test_s3_sink_requests_per_batch_in_the_steady_state(s3_server: S3Server) -> None:
+    """What issue 13 cut, pinned: per batch (recovery, then the commit as the Spark adapter makes it) one
+    listing of the log each, a PutObject per state (PENDING, COMPLETED, COMMITTED), one
+    ListMultipartUploads, and not one GetObject."""
+    import collections
+    bucket = s3_server.new_bucket()
+    sink = make_sink(s3_server, bucket)
+    log = sink.transaction_log()
+    calls: collections.Counter[str] = collections.Counter()
+    for cid in range(3):
+        if cid == 1:  # batch 0 created the log; count batches 1 and 2 (the sink's and the log's clients)
+            for client in (sink.client, log.store.client):
+                client.meta.events.register("before-call.s3", lambda model, **_: calls.update([model.name]))
+        CheckpointCoordinator(sink, log).recover()
+        acks = [run_task(sink, TransactionContext(sink.sink_id, cid, str(t)), [rows(10)]) for t in range(2)]
+        CheckpointCoordinator(sink, log, sweep_after_commit=sink.sweep_after_commit).complete_batch(cid, acks)
+    per_batch = {op: n / 2 for op, n in calls.items()}
+    assert per_batch == {"ListObjectsV2": 2, "PutObject": 3, "ListMultipartUploads": 1, "CreateMultipartUpload": 2,
+                         "UploadPart": 2, "CompleteMultipartUpload": 2}, per_batch
+
+
+def test_s3_sink_inv5_the_sweep_lists_while_the_uploads_complete_and_never_aborts_them(s3_server: S3Server) -> None:
+    """The sweep's ListMultipartUploads is sent while the checkpoint's CompleteMultipartUpload is (a
+    barrier of the two: one after the other would break it), so it lists the checkpoint's own uploads in
+    progress: they are kept, the loser's upload is aborted, and the listing is not made a second time."""
+    bucket = s3_server.new_bucket()
+    sink = make_sink(s3_server, bucket)
+    loser = sink.create_writer(TransactionContext(sink.sink_id, 0, "0"))
+    loser.write(rows(10))
+    ack = run_task(sink, TransactionContext(sink.sink_id, 0, "0"), [rows(10)])
+    barrier = threading.Barrier(2, timeout=30)
+
+    def together(**_: Any) -> None:
+        barrier.wait()
+
+    sink.client.meta.events.register("before-call.s3.CompleteMultipartUpload", together)
+    sink.client.meta.events.register("before-call.s3.ListMultipartUploads", together)
+    listings = count_calls(sink.client, "ListMultipartUploads")
+    assert CheckpointCoordinator(sink).complete_batch(0, [ack]) == "COMMITTED"
+    assert len(listings) == 1
+    client = s3_server.client()
+    assert client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+    keys = [o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix="out/part-")["Contents"]]
+    assert keys == [ack.handle["uploads"][0]["key"]]
