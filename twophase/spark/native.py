@@ -312,6 +312,10 @@ class NativeTarget(abc.ABC):
     def check_schema(self, schema: Any) -> None:
         """Refuse, on the driver before anything is written, a batch whose columns the sink cannot take."""
 
+    def partition_columns(self, options: NativeOptions) -> tuple[str, ...]:
+        """The columns Spark's writer partitions by (default: the option; Delta: the table's)."""
+        return options.partition_by
+
     @abc.abstractmethod
     def committables(self, batch_id: int, attempt_uid: str, attempt_dir: str) -> list[Committable]:
         """The committables of what Spark wrote into ``attempt_dir``: durable, one per Spark task, each file
@@ -440,8 +444,9 @@ class NativeSink:
             w = df.write.format(self.target.spark_format).mode("errorifexists")
             for k, v in {**self.options.writer_options, **COMMITTER_SETTINGS}.items():
                 w = w.option(k, v)
-            if self.options.partition_by:
-                w = w.partitionBy(*self.options.partition_by)
+            partition_by = self.target.partition_columns(self.options)
+            if partition_by:
+                w = w.partitionBy(*partition_by)
             self.stats.spark_writes.append(batch_id)
             _log.info("native_spark_write", sink_id=self.sink_id, checkpoint_id=batch_id, attempt=attempt)
             w.save("file://" + attempt)
