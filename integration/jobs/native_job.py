@@ -6,6 +6,9 @@ injection comes from the environment (twophase/faults.py); the library logs ``na
 ``native_batch_already_committed`` per batch (INFO), which the crash tests read.
 
     python integration/jobs/native_job.py --input IN --out OUT --checkpoint CK [--format parquet]
+
+On a cluster: ``--master spark://HOST:PORT`` plus ``--conf KEY=VALUE``; ``--straggle S`` makes the first attempt
+of partition 0 of every batch sleep S seconds (with ``spark.speculation`` on, a speculative copy races it).
 """
 
 from __future__ import annotations
@@ -20,6 +23,18 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from jobkit import add_spark_arguments, run_query, spark_session  # noqa: E402
 
 
+def straggler(seconds: float):
+    """Pass rows through; the first attempt of partition 0 sleeps first (defined here: pickled by value)."""
+    def run(frames):
+        import time
+        from pyspark import TaskContext
+        ctx = TaskContext.get()
+        if ctx is not None and ctx.partitionId() == 0 and ctx.attemptNumber() == 0:
+            time.sleep(seconds)
+        yield from frames
+    return run
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--input", required=True)
@@ -30,6 +45,8 @@ def main() -> int:
     ap.add_argument("--partition-by", default="")
     ap.add_argument("--files-per-batch", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=240)
+    ap.add_argument("--straggle", type=float, default=0.0,
+                    help="the first attempt of partition 0 sleeps this long before its rows (for speculation)")
     add_spark_arguments(ap)
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -41,6 +58,8 @@ def main() -> int:
     df = (spark.readStream.schema("id LONG, grp STRING, payload STRING")
           .option("maxFilesPerTrigger", args.files_per_batch).json(args.input))
     df = df.repartition(args.partitions)
+    if args.straggle > 0:
+        df = df.mapInPandas(straggler(args.straggle), schema=df.schema)
     sink = twophase.spark.native_sink(args.format, path=args.out, checkpointLocation=args.checkpoint,
                                       partitionBy=args.partition_by or None)
     w = (df.writeStream.foreachBatch(sink).option("checkpointLocation", args.checkpoint)

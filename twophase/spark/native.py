@@ -66,7 +66,7 @@ from twophase.coordinator import CheckpointCoordinator
 from twophase.errors import ConfigurationError
 from twophase.log import TransactionLog
 from twophase.log_store import fsync_dir
-from twophase.options import Option, parse_positive_int, parse_list, parse_options
+from twophase.options import Option, parse_bool, parse_list, parse_options, parse_positive_int
 from twophase.sink import Ack, Committable, Guarantee, SinkSpec
 from twophase.states import CheckpointState
 
@@ -150,7 +150,6 @@ def native_options(fmt: str, raw: Mapping[str, Any]) -> NativeOptions:
     the option and the fix. Options of Spark's writer are checked by name (an unknown one is refused: Spark
     would ignore it silently), ``compression`` against the format's codecs; Spark checks the other values
     when the first batch is planned, on the driver, before any task runs."""
-    what = f"native_sink({fmt!r})"
     fmt = str(fmt).strip().lower()
     if fmt not in NATIVE_TARGETS:
         raise ConfigurationError(f"native_sink: format {fmt!r} is not supported; use one of "
@@ -165,7 +164,6 @@ def native_options(fmt: str, raw: Mapping[str, Any]) -> NativeOptions:
         *(Option(k, str) for k in SPARK_WRITER_OPTIONS[fmt]),
     ]
     if fmt == "delta":
-        from twophase.options import parse_bool
         declared.append(Option("mergeSchema", parse_bool, False, help="add new columns of the stream to the table"))
     given = {k: _as_option_value(k, v) for k, v in raw.items() if v is not None}
     o = parse_options(given, declared, sink=what, prefixes=SPARK_WRITER_PREFIXES.get(fmt, ()))
@@ -280,7 +278,8 @@ def make_durable(attempt_dir: str, files: Sequence[SparkFile], *,
         parts = d.split("/") if d else []
         for i in range(len(parts)):
             fsync_dir(os.path.join(attempt_dir, *parts[:i]))
-    fsync_dir(os.path.dirname(attempt_dir))
+    fsync_dir(os.path.dirname(attempt_dir))  # the attempt's entry in the batch folder
+    fsync_dir(os.path.dirname(os.path.dirname(attempt_dir)))  # the batch folder's entry in staging
     return got
 
 
