@@ -54,6 +54,27 @@ def run_native_job(inp: str, out: str, ck: str, *, fault=None, marker=None, log_
     return run_in_own_session(cmd, env=job_env(fault, marker), timeout=300, log_path=log_path).returncode
 
 
+def stray_files(out: str) -> list[str]:
+    """Every file under ``out`` that is neither a committed part file (``part-<token>-…`` outside ``_`` folders)
+    nor the sink's log: staged files, Spark's ``_temporary``/``.crc``/``_SUCCESS``, anything else."""
+    from twophase.naming import own_part_checkpoint
+    root = os.path.abspath(out)
+    sink_id = f"file:{root}"
+    log_dir = os.path.dirname(default_log_location(root, sink_id) + "/")
+    stray = []
+    for d, _, files in os.walk(root):
+        for name in files:
+            path = os.path.join(d, name)
+            rel = os.path.relpath(path, root)
+            if path.startswith(log_dir + os.sep):
+                continue
+            hidden = any(seg.startswith(("_", ".")) and "=" not in seg for seg in rel.split(os.sep))
+            if not hidden and own_part_checkpoint(name, sink_id) is not None:
+                continue
+            stray.append(rel)
+    return sorted(stray)
+
+
 def _events(log_path: str, event: str) -> list[int]:
     text = open(log_path, errors="replace").read() if os.path.exists(log_path) else ""
     return [int(m.group(1)) for m in re.finditer(rf"{event} .*?checkpoint_id=(\d+)", text)]
@@ -90,11 +111,14 @@ def chain(tmp_path_factory) -> CrashChain:
         if point == "after_spark_write":
             assert leftovers, f"Spark's files of the crashed attempt should be in staging; {state}"
         assert set(unfinished) <= {cid}, f"an earlier checkpoint is not final; {state}"
+        stray = [x for x in stray_files(out) if f"/staging/{cid:020d}/" not in x]
+        assert stray == [], f"files outside the crashed batch's staging that are not committed part files; {state}"
 
     def check_final() -> None:
         report = check_exactly_once(ids, read_ids(out))
         assert report.ok, report.line()
         assert staging_leftovers(out) == [], "staged files left after recovery"
+        assert stray_files(out) == [], "files other than committed part files and the log"
         assert _log(out).unfinished() == [], "a checkpoint was left PENDING or COMPLETED"
         # what each restart did with the batch the previous run crashed on (invariants 1 and 3)
         logs = [os.path.join(str(work), f"run{i + 1}-{p}.log") for i, p in enumerate(POINTS)]

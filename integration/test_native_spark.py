@@ -19,6 +19,7 @@ import shutil
 import pytest
 
 from integration.fileio import check_exactly_once, make_input, read_ids, staging_leftovers
+from integration.test_native_crash_matrix import stray_files
 from twophase.errors import ConcurrentWriterError, ConfigurationError
 from twophase.log import TransactionLog
 from twophase.naming import default_log_location, own_part_checkpoint
@@ -84,7 +85,7 @@ def test_native_inv1_inv3_exactly_once_through_restarts_and_a_rerun_batch_is_not
 
     report = check_exactly_once(ids, read_ids(out))
     assert report.ok, report.line()
-    assert staging_leftovers(out) == []
+    assert staging_leftovers(out) == [] and stray_files(out) == []
     assert _log(out).unfinished() == []
     token = sink_token(sink.sink_id)
     names = [os.path.basename(p) for p in glob.glob(os.path.join(out, "grp=*", "*"))]
@@ -123,7 +124,7 @@ def test_native_inv2_failed_task_attempts_leave_nothing_visible(spark, tmp_path)
     assert len(os.listdir(marks)) == 2, "the first attempt of partition 1 should have failed in each batch"
     report = check_exactly_once(ids, read_ids(out))
     assert report.ok, report.line()
-    assert staging_leftovers(out) == [] and _log(out).unfinished() == []
+    assert staging_leftovers(out) == [] and stray_files(out) == [] and _log(out).unfinished() == []
 
 
 def test_native_inv5_second_query_and_wrong_checkpoint_refused_before_writing(spark, tmp_path):

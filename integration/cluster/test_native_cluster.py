@@ -34,7 +34,8 @@ def test_native_inv2_speculative_attempts_leave_nothing_visible_on_a_cluster(spa
     inp, out, ck, events = (str(tmp_path / n) for n in ("in", "out", "ck", "events"))
     os.makedirs(events)
     ids = make_input(inp, 3, 200)
-    conf = {**spark_master.conf(), **SPECULATION, "spark.eventLog.enabled": "true", "spark.eventLog.dir": events}
+    conf = {**spark_master.conf(), **SPECULATION, "spark.eventLog.enabled": "true", "spark.eventLog.dir": events,
+            "spark.eventLog.rolling.enabled": "false", "spark.eventLog.compress": "false"}
     cmd = [sys.executable, os.path.join(ROOT, "integration", "jobs", "native_job.py"), "--input", inp, "--out", out,
            "--checkpoint", ck, "--partitions", "2", "--partition-by", "grp", "--straggle", "4",
            "--master", spark_master.master_url]
