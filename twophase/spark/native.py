@@ -136,7 +136,7 @@ class NativeOptions:
     merge_schema: bool = False
 
 
-def _as_option_value(key: str, v: Any) -> Any:
+def _as_option_value(v: Any) -> Any:
     """Python values as Spark's string options: lists comma-joined (partitionBy), booleans lower-case."""
     if isinstance(v, (list, tuple)):
         return ",".join(str(x) for x in v)
@@ -165,7 +165,7 @@ def native_options(fmt: str, raw: Mapping[str, Any]) -> NativeOptions:
     ]
     if fmt == "delta":
         declared.append(Option("mergeSchema", parse_bool, False, help="add new columns of the stream to the table"))
-    given = {k: _as_option_value(k, v) for k, v in raw.items() if v is not None}
+    given = {k: _as_option_value(v) for k, v in raw.items() if v is not None}
     o = parse_options(given, declared, sink=what, prefixes=SPARK_WRITER_PREFIXES.get(fmt, ()))
     owner = o.get("checkpointlocation")
     if not owner:
@@ -199,9 +199,6 @@ def native_options(fmt: str, raw: Mapping[str, Any]) -> NativeOptions:
     for k, v in o.items():
         if prefixes and k.startswith(prefixes):
             writer[k] = str(v)
-    bad = [k for k in writer if k.lower() in {s.lower() for s in COMMITTER_SETTINGS}]
-    if bad:  # pragma: no cover - not declared, so parse_options refused them already
-        raise ConfigurationError(f"{what}: options {bad} are set by the native path itself")
     return NativeOptions(format=fmt, path=str(o["path"]), owner=str(owner), partition_by=tuple(o["partitionBy"]),
                          writer_options=writer, sink_id=o["sink.id"], log_location=o["log.location"],
                          log_retain=int(o["log.retain"]), merge_schema=bool(o.get("mergeSchema") or False))
@@ -367,7 +364,13 @@ class NativeSink:
     def __call__(self, df: Any, batch_id: int) -> None:
         batch_id = int(batch_id)
         started = time.perf_counter()
-        sc = df.sparkSession.sparkContext
+        try:
+            sc = df.sparkSession.sparkContext
+        except Exception as e:  # Spark Connect: the foreachBatch function runs without a SparkContext
+            raise ConfigurationError(
+                f"native_sink({self.options.format!r}) needs a classic SparkSession (the running query's id and the "
+                "write's job group come from its SparkContext); Spark Connect has none: use "
+                "format('twophase-file') / format('twophase-delta') there") from e
         query_id = sc.getLocalProperty(QUERY_ID_PROPERTY)
         self._check_columns(df)
         log = self._prepare(query_id)  # step 1
