@@ -372,8 +372,8 @@ class NativeSink:
                 "write's job group come from its SparkContext); Spark Connect has none: use "
                 "format('twophase-file') / format('twophase-delta') there") from e
         query_id = sc.getLocalProperty(QUERY_ID_PROPERTY)
+        log = self._prepare(query_id)  # step 1 (a second query is refused here, before anything is created)
         self._check_columns(df)
-        log = self._prepare(query_id)  # step 1
         if self._already_committed(log, batch_id):  # step 2 (invariant 1)
             self.stats.skipped.append(batch_id)
             _log.info("native_batch_already_committed", sink_id=self.sink_id, checkpoint_id=batch_id,
