@@ -31,10 +31,13 @@ point               where        moment
 ``after_commit``    driver       COMMITTED is recorded, before Spark writes its own commit log
 ``in_recovery``     driver       recovery at start has finished the first unfinished checkpoint
                                  (committed a COMPLETED one / aborted a PENDING one), not the rest
+``after_spark_write`` driver     native path (:mod:`twophase.spark.native`): Spark's own writer has
+                                 written the batch into the sink's staging area, nothing is in the log
 ==================  ===========  ====================================================================
 
 ``POINTS`` are the first six (the crash matrices walk them); ``in_recovery`` needs a crash before it to
-have anything to recover (``RECOVERY_POINTS``).
+have anything to recover (``RECOVERY_POINTS``). ``NATIVE_POINTS`` exist only on the native path (no
+Python runs on its executors, so ``write`` and ``after_pre_commit`` never fire there).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from typing import Optional
 
 POINTS = ("write", "after_pre_commit", "before_complete", "after_complete", "mid_commit", "after_commit")
 RECOVERY_POINTS = ("in_recovery",)
+NATIVE_POINTS = ("after_spark_write",)
 ENV = "TWOPHASE_FAULT"
 MARKER_ENV = "TWOPHASE_FAULT_MARKER"
 SCOPE_ENV = "TWOPHASE_FAULT_SCOPE"
@@ -54,8 +58,9 @@ EXECUTOR_CLASS = "CoarseGrainedExecutorBackend"
 
 def _parse_one(spec: str) -> tuple[str, Optional[int]]:
     point, _, cid = spec.strip().partition("@")
-    if point not in POINTS + RECOVERY_POINTS:
-        raise ValueError(f"{ENV}={spec!r}: unknown point {point!r}; one of {', '.join(POINTS + RECOVERY_POINTS)}")
+    known = POINTS + RECOVERY_POINTS + NATIVE_POINTS
+    if point not in known:
+        raise ValueError(f"{ENV}={spec!r}: unknown point {point!r}; one of {', '.join(known)}")
     return point, (int(cid) if cid and cid != "*" else None)
 
 

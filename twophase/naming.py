@@ -21,7 +21,7 @@ from twophase.sink import sink_token
 
 INTERNAL_DIR = "_twophase"
 
-_PART = re.compile(r"^part-([0-9a-f]{12})-(\d{8,})-([^-/]+)-([0-9a-f]{12})-(\d{3,})\.[a-z.]+$")
+_PART = re.compile(r"^part-([0-9a-f]{12})-(\d{8,})-([^-/]+)-([0-9a-f]{12})-(\d{3,})\.[a-z0-9.]+$")
 
 
 def internal_rel(sink_id: str) -> str:

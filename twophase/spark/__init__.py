@@ -86,3 +86,4 @@ def register(spark: Any) -> list[str]:
 # replaced this attribute with the submodule on first use, so a second call raised "'module' object is
 # not callable". The submodule needs no PySpark at import time.
 from twophase.spark.foreach_batch import foreach_batch  # noqa: E402
+from twophase.spark.native import native_sink  # noqa: E402

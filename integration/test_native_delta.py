@@ -1,0 +1,189 @@
+"""The native path into a local Delta table (``native_sink("delta", ...)``: Spark's Parquet writer, one
+Delta commit per batch through twophase-delta's committer), with real Spark and real Delta (deltalake).
+
+- in process (one SparkSession): exactly once through a restart, a batch Spark re-runs (its commit-log
+  entry removed) skipped with no Spark job, one Delta version per batch carrying the app transaction
+  (sink id, batch id), statistics from the Parquet footers, nothing left in staging and no data file the
+  table does not reference; a table with a CHECK constraint refused before anything is written;
+- a crash chain: by default ``before_complete`` (the native path's own Delta case: Spark's files already
+  renamed into the table, referenced by no version, deleted by the sweep after the re-run commits); the
+  points after COMPLETED are twophase-delta's committer, whose crash matrix covers them
+  (integration/delta/test_delta_crash_matrix.py). ``TWOPHASE_FULL_MATRIX=1`` chains ``after_spark_write``,
+  ``before_complete``, ``after_complete``, ``mid_commit`` and ``after_commit``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import urllib.parse
+
+import pytest
+
+from integration.crash_chain import CrashChain
+from integration.fileio import ROOT, check_exactly_once, make_input
+from integration.jobrun import job_env, run_in_own_session
+from twophase.log import TransactionLog
+from twophase.naming import default_log_location
+
+pytestmark = [pytest.mark.spark]
+
+deltalake = pytest.importorskip("deltalake")
+
+SCHEMA = "id LONG, grp STRING, payload STRING"
+FULL = os.environ.get("TWOPHASE_FULL_MATRIX") == "1"
+POINTS = (("after_spark_write", "before_complete", "after_complete", "mid_commit", "after_commit") if FULL
+          else ("before_complete",))
+NATIVE_JOB = os.path.join(ROOT, "integration", "jobs", "native_job.py")
+
+
+def delta_ids(table: str) -> list[int]:
+    if not deltalake.DeltaTable.is_deltatable(table):
+        return []
+    return deltalake.DeltaTable(table).to_pyarrow_table(columns=["id"]).column("id").to_pylist()
+
+
+def delta_leftovers(table: str) -> list[str]:
+    """Data files on disk the table's snapshot does not reference, and anything in the sinks' staging."""
+    referenced: set[str] = set()
+    if deltalake.DeltaTable.is_deltatable(table):
+        import pyarrow as pa
+        dt = deltalake.DeltaTable(table)
+        referenced = {urllib.parse.unquote(p) for p in pa.table(dt.get_add_actions(flatten=True)).column("path").to_pylist()}
+    left = []
+    for d, dirs, files in os.walk(table):
+        rel_dir = os.path.relpath(d, table)
+        if rel_dir.split(os.sep)[0] == "_delta_log":
+            continue
+        if rel_dir.split(os.sep)[0] == "_twophase":
+            if "staging" in rel_dir.split(os.sep):
+                left += [os.path.join(rel_dir, f) for f in files]
+            continue
+        for f in files:
+            rel = f if rel_dir == "." else f"{rel_dir}/{f}"
+            if rel not in referenced:
+                left.append(rel)
+    return sorted(left)
+
+
+def _log(table: str) -> TransactionLog:
+    root = os.path.abspath(table)
+    return TransactionLog.open(default_log_location(root, f"delta:{root}"), f"delta:{root}")
+
+
+@pytest.fixture(scope="module")
+def spark():
+    from pyspark.sql import SparkSession
+    s = (SparkSession.builder.master("local[2]").appName("twophase-native-delta")
+         .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "3").getOrCreate())
+    s.sparkContext.setLogLevel("ERROR")
+    yield s
+    s.stop()
+
+
+def _run(spark, inp, sink, ck):
+    df = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(inp).repartition(3)
+    q = df.writeStream.foreachBatch(sink).option("checkpointLocation", ck).trigger(availableNow=True).start()
+    try:
+        assert q.awaitTermination(120)
+    finally:
+        q.stop()
+    if q.exception() is not None:
+        raise q.exception()
+
+
+def test_native_delta_inv1_inv2_exactly_once_one_version_per_batch_and_rerun_skipped(spark, tmp_path):
+    import twophase.spark
+    inp, table, ck = str(tmp_path / "in"), str(tmp_path / "table"), str(tmp_path / "ck")
+    ids = make_input(inp, 2, 100)
+    sink = twophase.spark.native_sink("delta", path=table, checkpointLocation=ck, partitionBy=["grp"])
+    _run(spark, inp, sink, ck)
+    for name in ("1", ".1.crc"):  # Spark re-runs batch 1, as after a crash before its own commit log
+        os.remove(os.path.join(ck, "commits", name))
+    ids += make_input(inp, 1, 100, start=200)
+    again = twophase.spark.native_sink("delta", path=table, checkpointLocation=ck)  # partitions from the table
+    _run(spark, inp, again, ck)
+    assert sink.stats.spark_writes == [0, 1] and again.stats.skipped == [1] and again.stats.spark_writes == [2]
+
+    report = check_exactly_once(ids, delta_ids(table))
+    assert report.ok, report.line()
+    dt = deltalake.DeltaTable(table)
+    assert dt.metadata().partition_columns == ["grp"]
+    assert dt.transaction_version(sink.sink_id) == 2
+    appends = [h for h in dt.history() if h.get("operation") == "WRITE"]
+    assert sorted(h["twophase.checkpoint_id"] for h in appends) == [0, 1, 2], "one Delta version per batch"
+    import pyarrow as pa
+    adds = pa.table(dt.get_add_actions(flatten=True)).to_pylist()
+    assert sum(a["num_records"] for a in adds) == 300
+    assert all(a["min.id"] is not None and a["max.id"] >= a["min.id"] for a in adds)
+    assert delta_leftovers(table) == []
+    assert _log(table).unfinished() == []
+    # readable by Spark's own Parquet reader too (the files are Spark's): every committed id once
+    got = [r["id"] for r in spark.read.parquet(*[os.path.join(table, a["path"]) for a in adds]).select("id").collect()]
+    assert sorted(got) == sorted(ids)
+
+
+def test_native_delta_check_constraint_table_refused_before_writing(spark, tmp_path):
+    import pyarrow as pa
+    import twophase.spark
+    inp, table, ck = str(tmp_path / "in"), str(tmp_path / "table"), str(tmp_path / "ck")
+    make_input(inp, 1, 10)
+    dt = deltalake.DeltaTable.create(table, pa.schema([("id", pa.int64()), ("grp", pa.string()),
+                                                       ("payload", pa.string())]))
+    dt.alter.add_constraint({"id_positive": "id > 0"})
+    sink = twophase.spark.native_sink("delta", path=table, checkpointLocation=ck)
+    with pytest.raises(Exception) as e:
+        _run(spark, inp, sink, ck)
+    assert "format('twophase-delta')" in str(e.value), str(e.value)[-1500:]
+    assert sink.stats.spark_writes == [] and delta_ids(table) == []
+
+
+# ---- the crash chain
+
+FILES, ROWS = 1 + len(POINTS) + 1, 60
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory) -> CrashChain:
+    work = tmp_path_factory.mktemp("native-delta-chain")
+    inp, table, ck = str(work / "in"), str(work / "table"), str(work / "ck")
+    ids = make_input(inp, FILES, ROWS)
+
+    def run(fault, marker, log_path) -> int:
+        cmd = [sys.executable, NATIVE_JOB, "--input", inp, "--out", table, "--checkpoint", ck, "--format", "delta",
+               "--partition-by", "grp"]
+        return run_in_own_session(cmd, env=job_env(fault, marker), timeout=300, log_path=log_path).returncode
+
+    def check_crashed(point: str, cid: int) -> None:
+        got = delta_ids(table)
+        report = check_exactly_once(ids, got)
+        per_file = {}
+        for i in got:
+            per_file[i // ROWS] = per_file.get(i // ROWS, 0) + 1
+        batches = sorted(per_file)  # input files whole in the table (Spark orders same-age files as it likes)
+        committed = cid + 1 if point in ("mid_commit", "after_commit") else cid  # one Delta version: all or nothing
+        left = delta_leftovers(table)
+        state = f"after the crash at {point}@{cid}: {report.line()}; batches {batches}; leftovers {left}"
+        assert report.duplicated == 0 and report.unexpected == 0 and len(batches) == committed, state
+        assert all(n == ROWS for n in per_file.values()), f"a batch is partly visible; {state}"
+        assert all(f"-{cid:08d}-" in x or f"{cid:020d}" in x for x in left), f"leftovers of an earlier batch; {state}"
+
+    def check_final() -> None:
+        report = check_exactly_once(ids, delta_ids(table))
+        assert report.ok, report.line()
+        assert delta_leftovers(table) == [], "data files or staging left after recovery"
+        assert _log(table).unfinished() == []
+
+    return CrashChain(POINTS, run, check_crashed, check_final, str(work))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", POINTS)
+def test_native_delta_inv3_crash_chain(chain: CrashChain, point: str) -> None:
+    chain.crash(point)
+
+
+@pytest.mark.slow
+def test_native_delta_inv3_crash_chain_final_restart(chain: CrashChain) -> None:
+    chain.finish()

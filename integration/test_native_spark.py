@@ -1,0 +1,171 @@
+"""The native path in a real SparkSession (one per module, ``local[2,3]``: tasks may be retried):
+``foreachBatch(twophase.spark.native_sink(...))`` with Spark's own writers.
+
+- exactly once through restarts, and a batch Spark re-runs (its commit-log entry removed) is skipped
+  without a Spark job (counted by the write's job group in Spark's status tracker);
+- failed task attempts (a task that dies half-way through its rows, retried by Spark) leave nothing
+  visible and nothing behind;
+- a second query on the same sink, and a checkpointLocation that is not the query's, are refused
+  before Spark writes anything;
+- ORC, JSON and CSV through Spark's writers, read back by Spark.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+
+import pytest
+
+from integration.fileio import check_exactly_once, make_input, read_ids, staging_leftovers
+from integration.test_native_crash_matrix import stray_files
+from twophase.errors import ConcurrentWriterError, ConfigurationError
+from twophase.log import TransactionLog
+from twophase.naming import default_log_location, own_part_checkpoint
+from twophase.sink import sink_token
+
+pytestmark = [pytest.mark.spark]
+
+SCHEMA = "id LONG, grp STRING, payload STRING"
+
+
+@pytest.fixture(scope="module")
+def spark():
+    os.environ.setdefault("PYSPARK_PYTHON", os.environ.get("PYSPARK_PYTHON") or __import__("sys").executable)
+    from pyspark.sql import SparkSession
+    s = (SparkSession.builder.master("local[2,3]").appName("twophase-native-tests")
+         .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "3")
+         .config("spark.sql.streaming.stopTimeout", "30s").getOrCreate())
+    s.sparkContext.setLogLevel("ERROR")
+    yield s
+    s.stop()
+
+
+def _log(out: str) -> TransactionLog:
+    root = os.path.abspath(out)
+    return TransactionLog.open(default_log_location(root, f"file:{root}"), f"file:{root}")
+
+
+def _run(spark, inp: str, sink, ck: str, *, transform=None, timeout: float = 120) -> None:
+    df = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(inp).repartition(3)
+    if transform is not None:
+        df = transform(df)
+    q = df.writeStream.foreachBatch(sink).option("checkpointLocation", ck).trigger(availableNow=True).start()
+    try:
+        assert q.awaitTermination(timeout), "the query did not finish"
+    finally:
+        q.stop()
+    if q.exception() is not None:
+        raise q.exception()
+
+
+def test_native_inv1_inv3_exactly_once_through_restarts_and_a_rerun_batch_is_not_written(spark, tmp_path):
+    import twophase.spark
+    inp, out, ck = str(tmp_path / "in"), str(tmp_path / "out"), str(tmp_path / "ck")
+    ids = make_input(inp, 2, 100)
+    sink = twophase.spark.native_sink("parquet", path=out, checkpointLocation=ck, partitionBy=["grp"])
+    _run(spark, inp, sink, ck)
+    assert sink.stats.spark_writes == [0, 1] and sink.stats.skipped == []
+    assert check_exactly_once(ids, read_ids(out)).ok
+
+    # Spark re-runs a batch whose own commit-log entry is missing (as after a crash between twophase's
+    # COMMITTED and Spark's commit log): remove it, add input, restart with a new function object
+    for name in ("1", ".1.crc"):
+        os.remove(os.path.join(ck, "commits", name))
+    ids += make_input(inp, 1, 100, start=200)
+    tracker = spark.sparkContext.statusTracker()
+    jobs_before = len(tracker.getJobIdsForGroup(sink.job_group(1)))
+    again = twophase.spark.native_sink("parquet", path=out, checkpointLocation=ck, partitionBy=["grp"])
+    _run(spark, inp, again, ck)
+    assert again.stats.skipped == [1], "Spark re-ran batch 1; the sink must see it is committed"
+    assert again.stats.spark_writes == [2]
+    assert len(tracker.getJobIdsForGroup(sink.job_group(1))) == jobs_before, "a Spark job wrote batch 1 again"
+    assert tracker.getJobIdsForGroup(again.job_group(2)), "the write of batch 2 ran in its job group"
+
+    report = check_exactly_once(ids, read_ids(out))
+    assert report.ok, report.line()
+    assert staging_leftovers(out) == [] and stray_files(out) == []
+    assert _log(out).unfinished() == []
+    token = sink_token(sink.sink_id)
+    names = [os.path.basename(p) for p in glob.glob(os.path.join(out, "grp=*", "*"))]
+    assert names and all(own_part_checkpoint(n, sink.sink_id) in (0, 1, 2) for n in names), names
+    assert all(n.startswith(f"part-{token}-") for n in names)
+    assert not glob.glob(os.path.join(out, "**", "*.crc"), recursive=True)
+    assert not glob.glob(os.path.join(out, "**", "_SUCCESS"), recursive=True)
+
+
+def _fail_first_attempt_midway(marker_dir: str):
+    """A pass-through step whose first attempt of partition 1 raises after half of its rows were written."""
+    def run(frames):
+        from pyspark import TaskContext
+        ctx = TaskContext.get()
+        first = ctx.partitionId() == 1 and ctx.attemptNumber() == 0
+        sent = 0
+        for frame in frames:
+            for start in range(0, len(frame), 10):
+                if first and sent >= 20:
+                    open(os.path.join(marker_dir, f"failed-{ctx.taskAttemptId()}"), "w").close()
+                    raise RuntimeError("injected task failure")
+                sent += len(frame.iloc[start:start + 10])
+                yield frame.iloc[start:start + 10]
+    return run
+
+
+def test_native_inv2_failed_task_attempts_leave_nothing_visible(spark, tmp_path):
+    import twophase.spark
+    inp, out, ck, marks = (str(tmp_path / n) for n in ("in", "out", "ck", "marks"))
+    os.makedirs(marks)
+    ids = make_input(inp, 2, 150)
+    sink = twophase.spark.native_sink("parquet", path=out, checkpointLocation=ck, partitionBy="grp",
+                                      maxRecordsPerFile=7)
+    _run(spark, inp, sink, ck,
+         transform=lambda df: df.mapInPandas(_fail_first_attempt_midway(marks), schema=df.schema))
+    assert len(os.listdir(marks)) == 2, "the first attempt of partition 1 should have failed in each batch"
+    report = check_exactly_once(ids, read_ids(out))
+    assert report.ok, report.line()
+    assert staging_leftovers(out) == [] and stray_files(out) == [] and _log(out).unfinished() == []
+
+
+def test_native_inv5_second_query_and_wrong_checkpoint_refused_before_writing(spark, tmp_path):
+    import twophase.spark
+    inp, out, ck, ck2 = (str(tmp_path / n) for n in ("in", "out", "ck", "ck2"))
+    ids = make_input(inp, 1, 50)
+    _run(spark, inp, twophase.spark.native_sink("parquet", path=out, checkpointLocation=ck), ck)
+    before = sorted(glob.glob(os.path.join(out, "*.parquet")))
+
+    second = twophase.spark.native_sink("parquet", path=out, checkpointLocation=ck2)
+    with pytest.raises(Exception) as e:
+        _run(spark, inp, second, ck2)
+    assert "ConcurrentWriterError" in str(e.value) or isinstance(e.value, ConcurrentWriterError), str(e.value)[-2000:]
+    assert second.stats.spark_writes == []
+
+    # the sink told another checkpoint than the query's own: refused, naming the option
+    ck3, out3 = str(tmp_path / "ck3"), str(tmp_path / "out3")
+    wrong = twophase.spark.native_sink("parquet", path=out3, checkpointLocation=ck)
+    with pytest.raises(Exception) as e:
+        _run(spark, inp, wrong, ck3)
+    assert "checkpointLocation" in str(e.value), str(e.value)[-2000:]
+    assert wrong.stats.spark_writes == []
+    assert sorted(glob.glob(os.path.join(out, "*.parquet"))) == before
+    assert check_exactly_once(ids, read_ids(out)).ok
+
+
+@pytest.mark.parametrize("fmt,options", [("orc", {"compression": "zlib"}), ("json", {"compression": "gzip"}),
+                                         ("csv", {"header": "true", "sep": ";"})])
+def test_native_formats_orc_json_csv(spark, tmp_path, fmt, options):
+    import twophase.spark
+    inp, out, ck = str(tmp_path / "in"), str(tmp_path / "out"), str(tmp_path / "ck")
+    ids = make_input(inp, 1, 60)
+    sink = twophase.spark.native_sink(fmt, path=out, checkpointLocation=ck, partitionBy=["grp"], **options)
+    _run(spark, inp, sink, ck)
+    reader = spark.read.format(fmt)
+    if fmt == "csv":
+        reader = reader.option("header", "true").option("sep", ";")
+    got = [r["id"] for r in reader.load(out).select("id").collect()]
+    assert check_exactly_once(ids, [int(i) for i in got]).ok
+    rec = _log(out).get(0)
+    assert rec is not None and rec.state.value == "COMMITTED"
+    if fmt == "orc":  # records counted from the footers
+        assert sum(h["records"] for h in rec.handles.values()) == 60
+    shutil.rmtree(out)
