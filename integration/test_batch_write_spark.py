@@ -110,7 +110,11 @@ def test_batch_write_options_refused_on_a_stream(spark, tmp_path):
 
 # ---- the driver SIGKILLed at a protocol point, then the write re-run (its own process each time)
 
-POINTS = ["after_pre_commit", "after_complete", "mid_commit"]
+#: mid_commit by default (decided and partly visible: the re-run must finish it, never write it again; the
+#: registry test below covers a decided write too); TWOPHASE_FULL_MATRIX=1 adds the undecided crash
+#: (after_pre_commit: taken over and swept) and the decided-but-nothing-committed one (after_complete)
+POINTS = (["after_pre_commit", "after_complete", "mid_commit"] if os.environ.get("TWOPHASE_FULL_MATRIX") == "1"
+          else ["mid_commit"])
 
 
 def _job(out, tmp_path, *, fault=None, write_id="crash", lo=0, hi=3000, extra=()):
