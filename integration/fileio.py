@@ -89,3 +89,29 @@ def run_file_job(input_dir: str, out: str, checkpoint: str, *, fault: Optional[s
     from integration.jobrun import job_env, run_in_own_session
     cmd = [sys.executable, FILE_JOB, "--input", input_dir, "--out", out, "--checkpoint", checkpoint, *extra]
     return run_in_own_session(cmd, env=job_env(fault, marker), timeout=timeout, log_path=log_path).returncode
+
+
+def check_after_crash(ids: list[int], out: str, rows: int, unfinished: list[int], point: str, cid: int) -> tuple[str, list[str]]:
+    """The checks of a file-like crash chain after the crash at ``point`` on checkpoint ``cid`` (file ``f`` of the
+    input is batch ``f`` and holds ``rows`` ids): nothing duplicated or unexpected, batches ``0..cid-1`` (and ``cid``
+    once COMMITTED) whole, only ``mid_commit`` leaves one batch partly visible, staged leftovers only of ``cid``,
+    no earlier checkpoint unfinished. Returns the state line (for further asserts) and the leftovers."""
+    got = read_ids(out)
+    report = check_exactly_once(ids, got)
+    per_file = Counter(i // rows for i in set(got))
+    whole = sorted(f for f, n in per_file.items() if n == rows)
+    partial = {f: n for f, n in per_file.items() if n < rows}
+    leftovers = staging_leftovers(out)
+    state = (f"after the crash at {point}@{cid}: {report.line()}; whole batches {len(whole)}, partial {partial}, "
+             f"leftovers {leftovers}, unfinished {unfinished}")
+    assert report.duplicated == 0 and report.unexpected == 0, state
+    committed = cid + 1 if point == "after_commit" else cid  # batches 0..cid-1 (and cid once COMMITTED)
+    assert len(whole) == committed, state
+    if point == "mid_commit":
+        assert len(partial) == 1, f"expected part of the crashed batch visible; {state}"
+    else:
+        assert not partial, state
+    assert all(x.split("/")[1] == f"{cid:020d}" for x in leftovers), \
+        f"staged files of an earlier checkpoint survived the restart's recovery; {state}"
+    assert set(unfinished) <= {cid}, f"an earlier checkpoint is not final; {state}"
+    return state, leftovers

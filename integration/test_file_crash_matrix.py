@@ -18,12 +18,11 @@ and every log record is final. One test per point, then the final restart.
 from __future__ import annotations
 
 import os
-from collections import Counter
 
 import pytest
 
 from integration.crash_chain import CrashChain, chain_points
-from integration.fileio import check_exactly_once, make_input, read_ids, run_file_job, staging_leftovers
+from integration.fileio import check_after_crash, check_exactly_once, make_input, read_ids, run_file_job, staging_leftovers
 from twophase.naming import default_log_location
 from twophase.faults import POINTS
 from twophase.log import TransactionLog
@@ -57,25 +56,7 @@ def chain(tmp_path_factory) -> CrashChain:
         return run_file_job(inp, out, ck, fault=fault, marker=marker, log_path=log_path)
 
     def check_crashed(point: str, cid: int) -> None:
-        got = read_ids(out)
-        report = check_exactly_once(ids, got)
-        per_file = Counter(i // ROWS for i in set(got))
-        whole = sorted(f for f, n in per_file.items() if n == ROWS)
-        partial = {f: n for f, n in per_file.items() if n < ROWS}
-        leftovers = staging_leftovers(out)
-        unfinished = [r.checkpoint_id for r in _log(out).unfinished()]
-        state = (f"after the crash at {point}@{cid}: {report.line()}; whole batches {len(whole)}, partial {partial}, "
-                 f"leftovers {leftovers}, unfinished {unfinished}")
-        assert report.duplicated == 0 and report.unexpected == 0, state
-        committed = cid + 1 if point == "after_commit" else cid  # batches 0..cid-1 (and cid once COMMITTED)
-        assert len(whole) == committed, state
-        if point == "mid_commit":
-            assert len(partial) == 1, f"expected part of the crashed batch visible; {state}"
-        else:
-            assert not partial, state
-        assert all(x.split("/")[1] == f"{cid:020d}" for x in leftovers), \
-            f"staged files of an earlier checkpoint survived the restart's recovery; {state}"
-        assert set(unfinished) <= {cid}, f"an earlier checkpoint is not final; {state}"
+        check_after_crash(ids, out, ROWS, [r.checkpoint_id for r in _log(out).unfinished()], point, cid)
 
     return CrashChain(chain_points(), run, check_crashed, lambda: assert_recovered(ids, out), str(work))
 

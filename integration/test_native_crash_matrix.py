@@ -22,12 +22,11 @@ from __future__ import annotations
 import os
 import re
 import sys
-from collections import Counter
 
 import pytest
 
 from integration.crash_chain import CrashChain
-from integration.fileio import ROOT, check_exactly_once, make_input, read_ids, staging_leftovers
+from integration.fileio import ROOT, check_after_crash, check_exactly_once, make_input, read_ids, staging_leftovers
 from integration.jobrun import job_env, run_in_own_session
 from twophase.log import TransactionLog
 from twophase.naming import default_log_location
@@ -90,27 +89,10 @@ def chain(tmp_path_factory) -> CrashChain:
         return run_native_job(inp, out, ck, fault=fault, marker=marker, log_path=log_path)
 
     def check_crashed(point: str, cid: int) -> None:
-        got = read_ids(out)
-        report = check_exactly_once(ids, got)
-        per_file = Counter(i // ROWS for i in set(got))
-        whole = sorted(f for f, n in per_file.items() if n == ROWS)
-        partial = {f: n for f, n in per_file.items() if n < ROWS}
-        leftovers = staging_leftovers(out)
-        unfinished = [r.checkpoint_id for r in _log(out).unfinished()]
-        state = (f"after the crash at {point}@{cid}: {report.line()}; whole batches {len(whole)}, partial {partial}, "
-                 f"leftovers {leftovers}, unfinished {unfinished}")
-        assert report.duplicated == 0 and report.unexpected == 0, state
-        committed = cid + 1 if point == "after_commit" else cid
-        assert len(whole) == committed, state
-        if point == "mid_commit":
-            assert len(partial) == 1, f"expected part of the crashed batch visible; {state}"
-        else:
-            assert not partial, state
-        assert all(x.split("/")[1] == f"{cid:020d}" for x in leftovers), \
-            f"staged files of an earlier checkpoint survived the restart's recovery; {state}"
+        state, leftovers = check_after_crash(ids, out, ROWS, [r.checkpoint_id for r in _log(out).unfinished()],
+                                             point, cid)
         if point == "after_spark_write":
             assert leftovers, f"Spark's files of the crashed attempt should be in staging; {state}"
-        assert set(unfinished) <= {cid}, f"an earlier checkpoint is not final; {state}"
         stray = [x for x in stray_files(out) if f"/staging/{cid:020d}/" not in x]
         assert stray == [], f"files outside the crashed batch's staging that are not committed part files; {state}"
 
