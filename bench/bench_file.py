@@ -18,10 +18,12 @@ import shutil
 import statistics
 import sys
 import tempfile
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _sparkbench import time_batches  # noqa: E402
 
 
 def run(spark, fmt: str, out: str, ck: str, args, options: dict) -> dict:
@@ -31,19 +33,7 @@ def run(spark, fmt: str, out: str, ck: str, args, options: dict) -> dict:
     for k, v in options.items():
         w = w.option(k, v)
     q = w.trigger(processingTime="0 seconds").start()
-    deadline = time.time() + args.timeout
-    while time.time() < deadline:
-        p = q.lastProgress
-        if p is not None and p["batchId"] >= args.batches:  # batches 0..N: 0 is warm-up
-            break
-        if q.exception() is not None:
-            raise q.exception()
-        q.awaitTermination(0.2)
-    progress = [p for p in q.recentProgress if 1 <= p["batchId"] <= args.batches]
-    q.stop()
-    ms = [p["durationMs"]["triggerExecution"] for p in progress]
-    rows = sum(p["numInputRows"] for p in progress)
-    return {"rows": rows, "seconds": sum(ms) / 1e3, "batch_ms": statistics.median(ms), "batches": len(progress)}
+    return time_batches(q, args.batches, args.timeout)
 
 
 def commit_phase_ms(out: str) -> tuple[float, float]:

@@ -26,6 +26,9 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _sparkbench import register_noop  # noqa: E402
 
 
 #: mode -> (label, guarantee, kafkaClient or "noop")
@@ -35,34 +38,6 @@ MODES = {
     "noop": ("no-op Python sink (Spark -> Python alone)", "-", "noop"),
     "eo-kp": ("exactly-once, kafka-python (kafkaClient=kafka-python)", "exactly-once", "kafka-python"),
 }
-
-
-def register_noop(spark) -> None:
-    """A Python data source whose writer only iterates the Arrow batches Spark hands it (no Kafka)."""
-    from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
-
-    class NoopWriter(DataSourceStreamArrowWriter):
-        def write(self, iterator):
-            n = 0
-            for batch in iterator:
-                n += batch.num_rows
-            return WriterCommitMessage()
-
-        def commit(self, messages, batchId):
-            pass
-
-        def abort(self, messages, batchId):
-            pass
-
-    class NoopSink(DataSource):
-        @classmethod
-        def name(cls):
-            return "bench-noop"
-
-        def streamWriter(self, schema, overwrite):
-            return NoopWriter()
-
-    spark.dataSource.register(NoopSink)
 
 
 def run_spark(spark, bootstrap: str, mode: str, rows: int, batches: int, partitions: int, tmp: str) -> dict:

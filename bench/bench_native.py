@@ -30,6 +30,9 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _sparkbench import register_noop, time_batches  # noqa: E402
 
 MODES = {
     "spark-parquet": "Spark built-in parquet sink (baseline)",
@@ -38,33 +41,6 @@ MODES = {
     "twophase-file": "twophase-file, exactly-once (Python path)",
     "noop-python": "no-op Python sink (ceiling of the Python path)",
 }
-
-
-def register_noop(spark) -> None:
-    """A Python data source whose writer only iterates the Arrow batches Spark hands it."""
-    from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
-
-    class NoopWriter(DataSourceStreamArrowWriter):
-        def write(self, iterator):
-            for _ in iterator:
-                pass
-            return WriterCommitMessage()
-
-        def commit(self, messages, batchId):
-            pass
-
-        def abort(self, messages, batchId):
-            pass
-
-    class NoopSink(DataSource):
-        @classmethod
-        def name(cls):
-            return "bench-noop"
-
-        def streamWriter(self, schema, overwrite):
-            return NoopWriter()
-
-    spark.dataSource.register(NoopSink)
 
 
 def run(spark, mode: str, out: str, ck: str, args) -> dict:
@@ -84,19 +60,7 @@ def run(spark, mode: str, out: str, ck: str, args) -> dict:
     else:
         w = df.writeStream.format("bench-noop")
     q = w.option("checkpointLocation", ck).trigger(processingTime="0 seconds").start()
-    deadline = time.time() + args.timeout
-    while time.time() < deadline:
-        p = q.lastProgress
-        if p is not None and p["batchId"] >= args.batches:  # batches 0..N: 0 is warm-up
-            break
-        if q.exception() is not None:
-            raise q.exception()
-        q.awaitTermination(0.2)
-    progress = [p for p in q.recentProgress if 1 <= p["batchId"] <= args.batches]
-    q.stop()
-    ms = [p["durationMs"]["triggerExecution"] for p in progress]
-    res = {"rows": sum(p["numInputRows"] for p in progress), "seconds": sum(ms) / 1e3,
-           "batch_ms": statistics.median(ms), "batches": len(progress)}
+    res = time_batches(q, args.batches, args.timeout)
     if sink is not None:
         t = [x for x in sink.stats.timings if 1 <= x.batch_id <= args.batches]
         res["commit_ms"] = [x.commit_ms for x in t]
