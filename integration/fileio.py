@@ -7,7 +7,7 @@ import os
 import sys
 from collections import Counter
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FILE_JOB = os.path.join(ROOT, "integration", "jobs", "file_job.py")
@@ -115,3 +115,23 @@ def check_after_crash(ids: list[int], out: str, rows: int, unfinished: list[int]
         f"staged files of an earlier checkpoint survived the restart's recovery; {state}"
     assert set(unfinished) <= {cid}, f"an earlier checkpoint is not final; {state}"
     return state, leftovers
+
+
+#: the columns of :func:`make_input`'s JSON lines
+INPUT_SCHEMA = "id LONG, grp STRING, payload STRING"
+
+
+def run_foreach_batch(spark: Any, inp: str, function: Any, ck: str, *, transform: Any = None,
+                      timeout: float = 120) -> None:
+    """Stream ``inp`` (:func:`make_input`'s files, one per micro-batch, 3 partitions) through the foreachBatch
+    ``function`` until everything available is done (availableNow); re-raise the query's failure."""
+    df = spark.readStream.schema(INPUT_SCHEMA).option("maxFilesPerTrigger", 1).json(inp).repartition(3)
+    if transform is not None:
+        df = transform(df)
+    q = df.writeStream.foreachBatch(function).option("checkpointLocation", ck).trigger(availableNow=True).start()
+    try:
+        assert q.awaitTermination(timeout), "the query did not finish"
+    finally:
+        q.stop()
+    if q.exception() is not None:
+        raise q.exception()

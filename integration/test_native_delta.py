@@ -14,7 +14,6 @@ Delta commit per batch through twophase-delta's committer), with real Spark and 
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import urllib.parse
@@ -22,7 +21,7 @@ import urllib.parse
 import pytest
 
 from integration.crash_chain import CrashChain
-from integration.fileio import ROOT, check_exactly_once, make_input
+from integration.fileio import ROOT, check_exactly_once, make_input, run_foreach_batch
 from integration.jobrun import job_env, run_in_own_session
 from twophase.log import TransactionLog
 from twophase.naming import default_log_location
@@ -31,7 +30,6 @@ pytestmark = [pytest.mark.spark]
 
 deltalake = pytest.importorskip("deltalake")
 
-SCHEMA = "id LONG, grp STRING, payload STRING"
 FULL = os.environ.get("TWOPHASE_FULL_MATRIX") == "1"
 POINTS = (("after_spark_write", "before_complete", "after_complete", "mid_commit", "after_commit") if FULL
           else ("before_complete",))
@@ -82,28 +80,17 @@ def spark():
     s.stop()
 
 
-def _run(spark, inp, sink, ck):
-    df = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(inp).repartition(3)
-    q = df.writeStream.foreachBatch(sink).option("checkpointLocation", ck).trigger(availableNow=True).start()
-    try:
-        assert q.awaitTermination(120)
-    finally:
-        q.stop()
-    if q.exception() is not None:
-        raise q.exception()
-
-
 def test_native_delta_inv1_inv2_exactly_once_one_version_per_batch_and_rerun_skipped(spark, tmp_path):
     import twophase.spark
     inp, table, ck = str(tmp_path / "in"), str(tmp_path / "table"), str(tmp_path / "ck")
     ids = make_input(inp, 2, 100)
     sink = twophase.spark.native_sink("delta", path=table, checkpointLocation=ck, partitionBy=["grp"])
-    _run(spark, inp, sink, ck)
+    run_foreach_batch(spark, inp, sink, ck)
     for name in ("1", ".1.crc"):  # Spark re-runs batch 1, as after a crash before its own commit log
         os.remove(os.path.join(ck, "commits", name))
     ids += make_input(inp, 1, 100, start=200)
     again = twophase.spark.native_sink("delta", path=table, checkpointLocation=ck)  # partitions from the table
-    _run(spark, inp, again, ck)
+    run_foreach_batch(spark, inp, again, ck)
     assert sink.stats.spark_writes == [0, 1] and again.stats.skipped == [1] and again.stats.spark_writes == [2]
 
     report = check_exactly_once(ids, delta_ids(table))
@@ -134,7 +121,7 @@ def test_native_delta_check_constraint_table_refused_before_writing(spark, tmp_p
     dt.alter.add_constraint({"id_positive": "id > 0"})
     sink = twophase.spark.native_sink("delta", path=table, checkpointLocation=ck)
     with pytest.raises(Exception) as e:
-        _run(spark, inp, sink, ck)
+        run_foreach_batch(spark, inp, sink, ck)
     assert "format('twophase-delta')" in str(e.value), str(e.value)[-1500:]
     assert sink.stats.spark_writes == [] and delta_ids(table) == []
 

@@ -18,16 +18,14 @@ import shutil
 
 import pytest
 
-from integration.fileio import check_exactly_once, make_input, read_ids, staging_leftovers
+from integration.fileio import check_exactly_once, make_input, read_ids, run_foreach_batch, staging_leftovers
 from integration.test_native_crash_matrix import stray_files
-from twophase.errors import ConcurrentWriterError, ConfigurationError
+from twophase.errors import ConcurrentWriterError
 from twophase.log import TransactionLog
 from twophase.naming import default_log_location, own_part_checkpoint
 from twophase.sink import sink_token
 
 pytestmark = [pytest.mark.spark]
-
-SCHEMA = "id LONG, grp STRING, payload STRING"
 
 
 @pytest.fixture(scope="module")
@@ -47,25 +45,12 @@ def _log(out: str) -> TransactionLog:
     return TransactionLog.open(default_log_location(root, f"file:{root}"), f"file:{root}")
 
 
-def _run(spark, inp: str, sink, ck: str, *, transform=None, timeout: float = 120) -> None:
-    df = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(inp).repartition(3)
-    if transform is not None:
-        df = transform(df)
-    q = df.writeStream.foreachBatch(sink).option("checkpointLocation", ck).trigger(availableNow=True).start()
-    try:
-        assert q.awaitTermination(timeout), "the query did not finish"
-    finally:
-        q.stop()
-    if q.exception() is not None:
-        raise q.exception()
-
-
 def test_native_inv1_inv3_exactly_once_through_restarts_and_a_rerun_batch_is_not_written(spark, tmp_path):
     import twophase.spark
     inp, out, ck = str(tmp_path / "in"), str(tmp_path / "out"), str(tmp_path / "ck")
     ids = make_input(inp, 2, 100)
     sink = twophase.spark.native_sink("parquet", path=out, checkpointLocation=ck, partitionBy=["grp"])
-    _run(spark, inp, sink, ck)
+    run_foreach_batch(spark, inp, sink, ck)
     assert sink.stats.spark_writes == [0, 1] and sink.stats.skipped == []
     assert check_exactly_once(ids, read_ids(out)).ok
 
@@ -77,7 +62,7 @@ def test_native_inv1_inv3_exactly_once_through_restarts_and_a_rerun_batch_is_not
     tracker = spark.sparkContext.statusTracker()
     jobs_before = len(tracker.getJobIdsForGroup(sink.job_group(1)))
     again = twophase.spark.native_sink("parquet", path=out, checkpointLocation=ck, partitionBy=["grp"])
-    _run(spark, inp, again, ck)
+    run_foreach_batch(spark, inp, again, ck)
     assert again.stats.skipped == [1], "Spark re-ran batch 1; the sink must see it is committed"
     assert again.stats.spark_writes == [2]
     assert len(tracker.getJobIdsForGroup(sink.job_group(1))) == jobs_before, "a Spark job wrote batch 1 again"
@@ -119,7 +104,7 @@ def test_native_inv2_failed_task_attempts_leave_nothing_visible(spark, tmp_path)
     ids = make_input(inp, 2, 150)
     sink = twophase.spark.native_sink("parquet", path=out, checkpointLocation=ck, partitionBy="grp",
                                       maxRecordsPerFile=7)
-    _run(spark, inp, sink, ck,
+    run_foreach_batch(spark, inp, sink, ck,
          transform=lambda df: df.mapInPandas(_fail_first_attempt_midway(marks), schema=df.schema))
     assert len(os.listdir(marks)) == 2, "the first attempt of partition 1 should have failed in each batch"
     report = check_exactly_once(ids, read_ids(out))
@@ -131,12 +116,12 @@ def test_native_inv5_second_query_and_wrong_checkpoint_refused_before_writing(sp
     import twophase.spark
     inp, out, ck, ck2 = (str(tmp_path / n) for n in ("in", "out", "ck", "ck2"))
     ids = make_input(inp, 1, 50)
-    _run(spark, inp, twophase.spark.native_sink("parquet", path=out, checkpointLocation=ck), ck)
+    run_foreach_batch(spark, inp, twophase.spark.native_sink("parquet", path=out, checkpointLocation=ck), ck)
     before = sorted(glob.glob(os.path.join(out, "*.parquet")))
 
     second = twophase.spark.native_sink("parquet", path=out, checkpointLocation=ck2)
     with pytest.raises(Exception) as e:
-        _run(spark, inp, second, ck2)
+        run_foreach_batch(spark, inp, second, ck2)
     assert "ConcurrentWriterError" in str(e.value) or isinstance(e.value, ConcurrentWriterError), str(e.value)[-2000:]
     assert second.stats.spark_writes == []
 
@@ -144,7 +129,7 @@ def test_native_inv5_second_query_and_wrong_checkpoint_refused_before_writing(sp
     ck3, out3 = str(tmp_path / "ck3"), str(tmp_path / "out3")
     wrong = twophase.spark.native_sink("parquet", path=out3, checkpointLocation=ck)
     with pytest.raises(Exception) as e:
-        _run(spark, inp, wrong, ck3)
+        run_foreach_batch(spark, inp, wrong, ck3)
     assert "checkpointLocation" in str(e.value), str(e.value)[-2000:]
     assert wrong.stats.spark_writes == []
     assert sorted(glob.glob(os.path.join(out, "*.parquet"))) == before
@@ -158,7 +143,7 @@ def test_native_formats_orc_json_csv(spark, tmp_path, fmt, options):
     inp, out, ck = str(tmp_path / "in"), str(tmp_path / "out"), str(tmp_path / "ck")
     ids = make_input(inp, 1, 60)
     sink = twophase.spark.native_sink(fmt, path=out, checkpointLocation=ck, partitionBy=["grp"], **options)
-    _run(spark, inp, sink, ck)
+    run_foreach_batch(spark, inp, sink, ck)
     reader = spark.read.format(fmt)
     if fmt == "csv":
         reader = reader.option("header", "true").option("sep", ";")

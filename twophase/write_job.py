@@ -119,9 +119,10 @@ def _forget(base_log: TransactionLog, key: str) -> None:
     base_log.store.delete(_registry_name(key))
 
 
-def open_writes(base: SinkSpec[Any]) -> list[dict[str, Any]]:
-    """The registry: every write of ``base`` whose runs were not all final when last seen."""
-    log = base.transaction_log()
+def open_writes(base: SinkSpec[Any], log: Optional[TransactionLog] = None) -> list[dict[str, Any]]:
+    """The registry: every write of ``base`` whose runs were not all final when last seen (``log``: base's log,
+    when the caller holds it already)."""
+    log = log if log is not None else base.transaction_log()
     out = []
     for name in log.store.list(REGISTRY):
         if name.endswith(".json"):
@@ -132,14 +133,14 @@ def open_writes(base: SinkSpec[Any]) -> list[dict[str, Any]]:
 
 
 def recover_writes(base: SinkSpec[Any], *, abandon_after_s: float, exclude: Optional[str] = None,
-                   now: Optional[float] = None) -> dict[str, list[str]]:
+                   now: Optional[float] = None, base_log: Optional[TransactionLog] = None) -> dict[str, list[str]]:
     """Finish what other batch writes of ``base`` left (invariants 2 and 4): commit decided runs, take
     over runs planned more than ``abandon_after_s`` ago, forget writes whose runs are all final.
     Returns the keys ``{"committed": [...], "abandoned": [...], "running": [...]}``."""
     now = time.time() if now is None else now
-    base_log = base.transaction_log()
+    base_log = base_log if base_log is not None else base.transaction_log()
     report: dict[str, list[str]] = {"committed": [], "abandoned": [], "running": []}
-    for entry in open_writes(base):
+    for entry in open_writes(base, base_log):
         key = str(entry.get("key", ""))
         if not key or key == exclude:
             continue
@@ -177,8 +178,8 @@ def plan_write_job(base: SinkSpec[Any], *, write_id: Optional[str] = None,
     if base.guarantee is Guarantee.AT_LEAST_ONCE:  # no log: each task commits at its end
         return WriteJob(base, base, key, write_id, 0)
     spec = base.write_job_spec(key)
-    recover_writes(base, abandon_after_s=abandon_after_ms / 1000, exclude=key)
     base_log = base.transaction_log()
+    recover_writes(base, abandon_after_s=abandon_after_ms / 1000, exclude=key, base_log=base_log)
     log = spec.transaction_log()
     log.claim(f"write:{write_id if write_id is not None else key}")
     coord = CheckpointCoordinator(spec, log, sweep_after_commit=True)

@@ -22,20 +22,13 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from jobkit import add_spark_arguments, paced, run_query, spark_session  # noqa: E402
+from jobkit import add_file_job_arguments, add_spark_arguments, paced, run_query, spark_session  # noqa: E402
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--input", required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--checkpoint", required=True)
-    ap.add_argument("--format", default="parquet")
-    ap.add_argument("--partitions", type=int, default=3)
-    ap.add_argument("--partition-by", default="")
+    add_file_job_arguments(ap)
     ap.add_argument("--guarantee", default="exactly-once")
-    ap.add_argument("--files-per-batch", type=int, default=1)
-    ap.add_argument("--timeout", type=float, default=240)
     ap.add_argument("--app-name", default="twophase-file-job")
     add_spark_arguments(ap)
     args = ap.parse_args()

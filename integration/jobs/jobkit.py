@@ -17,6 +17,19 @@ import time
 from typing import Any, Callable, Iterator, Sequence
 
 
+def add_file_job_arguments(ap: argparse.ArgumentParser) -> None:
+    """What the file-input jobs (``file_job.py``, ``native_job.py``) share: ``--input`` (JSON lines read one file
+    per ``--files-per-batch``), ``--out``, ``--checkpoint``, ``--format``, ``--partitions``, ``--partition-by``."""
+    ap.add_argument("--input", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--checkpoint", required=True)
+    ap.add_argument("--format", default="parquet")
+    ap.add_argument("--partitions", type=int, default=3)
+    ap.add_argument("--partition-by", default="")
+    ap.add_argument("--files-per-batch", type=int, default=1)
+    ap.add_argument("--timeout", type=float, default=240)
+
+
 def add_spark_arguments(ap: argparse.ArgumentParser, *, master: str = "") -> None:
     """``--master``, ``--conf KEY=VALUE`` (repeatable), ``--app-id-file``, ``--pace``, ``--pace-rows``."""
     ap.add_argument("--master", default=master, help="Spark master URL")

@@ -20,7 +20,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from jobkit import add_spark_arguments, run_query, spark_session  # noqa: E402
+from jobkit import add_file_job_arguments, add_spark_arguments, run_query, spark_session  # noqa: E402
 
 
 def straggler(seconds: float):
@@ -37,14 +37,7 @@ def straggler(seconds: float):
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--input", required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--checkpoint", required=True)
-    ap.add_argument("--format", default="parquet")
-    ap.add_argument("--partitions", type=int, default=3)
-    ap.add_argument("--partition-by", default="")
-    ap.add_argument("--files-per-batch", type=int, default=1)
-    ap.add_argument("--timeout", type=float, default=240)
+    add_file_job_arguments(ap)
     ap.add_argument("--straggle", type=float, default=0.0,
                     help="the first attempt of partition 0 sleeps this long before its rows (for speculation)")
     add_spark_arguments(ap)
