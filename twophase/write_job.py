@@ -185,8 +185,9 @@ def plan_write_job(base: SinkSpec[Any], *, write_id: Optional[str] = None,
     coord = CheckpointCoordinator(spec, log, sweep_after_commit=True)
     view = log.view()
     if view.highest_committed is not None:
-        _log.info("write_job_already_committed", sink_id=spec.sink_id, write_id=write_id, run=view.highest_committed,
-                  consequence="nothing is written: this write id committed before")
+        _log.warning("write_job_already_committed", sink_id=spec.sink_id, write_id=write_id, run=view.highest_committed,
+                     consequence="this job's rows are not written: this write id committed before; rows that are not "
+                                 "a re-run of that write need a new writeId")
         _forget(base_log, key)
         return WriteJob(base, spec, key, write_id, view.highest_committed, skip=True)
     if any(r.state is CheckpointState.COMPLETED for r in view.unfinished):
