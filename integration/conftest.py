@@ -31,3 +31,11 @@ def kafka_bootstrap():
     from integration.kafka.broker import kafka_broker
     with kafka_broker() as bootstrap:
         yield bootstrap
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _shared_spark_context():
+    """Stops the test process's shared SparkContext (integration/spark_session.py) at the end, if one ran."""
+    yield
+    if "integration.spark_session" in sys.modules:
+        sys.modules["integration.spark_session"].stop_shared()

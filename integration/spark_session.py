@@ -1,25 +1,76 @@
-"""One SparkSession per test module, configured for this machine (local[2], no UI, venv Python)."""
+"""Spark sessions for in-process integration tests, configured for this machine (local[2], no UI, venv Python).
+
+Starting a SparkContext costs 8-15 s here, and its first Python worker, planner and commit runner a few
+seconds more. So the test process keeps ONE shared context: :func:`make_spark` returns a new
+``SparkSession`` on it (``newSession()``: its own SQL conf, temporary views, registered data sources and
+streaming queries) with the module's settings, and a module fixture does not stop it. A module that
+needs a context of its own (another master, e.g. ``local[2,3]`` for task retries) calls
+:func:`own_spark`, which stops the shared context first (a JVM holds one SparkContext); the next
+:func:`make_spark` starts a new shared one. The integration conftest stops it when the session ends.
+"""
 
 from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from typing import Any, Optional
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+_shared: Optional[Any] = None
 
 
-def make_spark(app: str = "twophase-tests", cores: int = 2, conf: dict[str, str] | None = None) -> Any:
+def _worker_env() -> None:
+    """Spark's Python workers inherit the driver's environment when the context starts: the venv's
+    Python, and the repository on PYTHONPATH (tests pass functions from ``integration`` to workers)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if ROOT not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([ROOT, *paths])
+
+
+def _alive(spark: Optional[Any]) -> bool:
+    return spark is not None and spark.sparkContext._jsc is not None
+
+
+def make_spark(app: str = "twophase-tests", conf: dict[str, str] | None = None) -> Any:
+    """A new session with twophase's formats registered and ``conf`` (runtime SQL settings) set, on the
+    shared local[2] context (started on first use). Do not ``stop()`` it: that would stop the context."""
+    global _shared
     from pyspark.sql import SparkSession
     import twophase.spark
 
-    builder = (SparkSession.builder.master(f"local[{cores}]").appName(app)
-               .config("spark.ui.enabled", "false")
-               .config("spark.sql.shuffle.partitions", "3")
-               .config("spark.sql.streaming.stopTimeout", "30s"))
-    for k, v in (conf or {}).items():
-        builder = builder.config(k, v)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
+    if not _alive(_shared):
+        _worker_env()
+        active = SparkSession.getActiveSession()
+        if _alive(active):  # a module's own context left running: one JVM holds one context
+            active.stop()
+        base = (SparkSession.builder.master("local[2]").appName("twophase-tests")
+                .config("spark.ui.enabled", "false").getOrCreate())
+        base.sparkContext.setLogLevel("ERROR")
+        _shared = base
+    spark = _shared.newSession()
+    settings = {"spark.sql.shuffle.partitions": "3", "spark.sql.streaming.stopTimeout": "30s", **(conf or {})}
+    for k, v in settings.items():
+        spark.conf.set(k, v)
     twophase.spark.register(spark)
     return spark
+
+
+def own_spark(builder: Any) -> Any:
+    """``builder.getOrCreate()`` on a context of its own: stops the shared context first (else Spark would
+    hand back the shared one, ignoring the builder's master). The caller stops what it gets."""
+    stop_shared()
+    _worker_env()
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def stop_shared() -> None:
+    """Stop the shared context, if one runs."""
+    global _shared
+    if _alive(_shared):
+        _shared.stop()
+    _shared = None

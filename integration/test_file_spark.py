@@ -26,8 +26,7 @@ SCHEMA = "id LONG, grp STRING, payload STRING"
 def spark():
     from integration.spark_session import make_spark
     s = make_spark("twophase-file-tests")
-    yield s
-    s.stop()
+    yield s  # on the shared context: not stopped (integration/spark_session.py)
 
 
 def _run(spark, input_dir, out, ck, *, fmt="parquet", guarantee="exactly-once", partition_by=None, parts=3,

@@ -72,12 +72,8 @@ def _log(table: str) -> TransactionLog:
 
 @pytest.fixture(scope="module")
 def spark():
-    from pyspark.sql import SparkSession
-    s = (SparkSession.builder.master("local[2]").appName("twophase-native-delta")
-         .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "3").getOrCreate())
-    s.sparkContext.setLogLevel("ERROR")
-    yield s
-    s.stop()
+    from integration.spark_session import make_spark
+    yield make_spark("twophase-native-delta")  # on the shared context: not stopped
 
 
 def test_native_delta_inv1_inv2_exactly_once_one_version_per_batch_and_rerun_skipped(spark, tmp_path):

@@ -30,12 +30,11 @@ pytestmark = [pytest.mark.spark]
 
 @pytest.fixture(scope="module")
 def spark():
-    os.environ.setdefault("PYSPARK_PYTHON", os.environ.get("PYSPARK_PYTHON") or __import__("sys").executable)
     from pyspark.sql import SparkSession
-    s = (SparkSession.builder.master("local[2,3]").appName("twophase-native-tests")
-         .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "3")
-         .config("spark.sql.streaming.stopTimeout", "30s").getOrCreate())
-    s.sparkContext.setLogLevel("ERROR")
+    from integration.spark_session import own_spark
+    s = own_spark(SparkSession.builder.master("local[2,3]").appName("twophase-native-tests")  # task retries
+                  .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "3")
+                  .config("spark.sql.streaming.stopTimeout", "30s"))
     yield s
     s.stop()
 

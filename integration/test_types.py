@@ -14,7 +14,6 @@ import datetime as dt
 import glob
 import io
 import json
-import math
 import os
 import re
 import time
@@ -62,8 +61,7 @@ def spark():
         "spark.sql.parquet.datetimeRebaseModeInWrite": "CORRECTED",
         "spark.sql.parquet.int96RebaseModeInWrite": "CORRECTED",
         "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS"})
-    yield s
-    s.stop()
+    yield s  # on the shared context: not stopped (integration/spark_session.py)
 
 
 @pytest.fixture(scope="module")

@@ -3,25 +3,22 @@ Also: mergeSchema adds the new column, and the table reads back with deltalake a
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from _support import ROOT, S3Server, write_input
+from _support import S3Server, write_input
 
 pytestmark = [pytest.mark.spark]
 
 
 @pytest.fixture(scope="module")
 def spark():
-    os.environ["PYTHONPATH"] = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
     from integration.spark_session import make_spark
     s = make_spark(f"twophase-{__name__}")
-    yield s
-    s.stop()
+    yield s  # on the shared context: not stopped (integration/spark_session.py)
 
 
 def run_stream(spark, tmp: Path, options: dict[str, str], *, schema: str = "id long, p string, v double") -> str:

@@ -20,8 +20,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 @pytest.fixture(scope="module")
 def spark():
     s = make_spark("twophase-kafka-tests")
-    yield s
-    s.stop()
+    yield s  # on the shared context: not stopped (integration/spark_session.py)
 
 
 def _pipeline(spark, bootstrap, src, dst, ck, registry, *, max_offsets=None, extra=None, timeout=180):

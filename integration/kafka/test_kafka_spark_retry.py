@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import collections
 import os
-import sys
 
 import pytest
 
@@ -18,13 +17,12 @@ pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
 @pytest.fixture(scope="module")
 def spark():
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
     import twophase.spark
-    s = (SparkSession.builder.master("local[2,3]").appName("twophase-kafka-retry")
-         .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
-         .config("spark.sql.execution.arrow.maxRecordsPerBatch", "10").getOrCreate())
-    s.sparkContext.setLogLevel("ERROR")
+    from integration.spark_session import own_spark
+    s = own_spark(SparkSession.builder.master("local[2,3]").appName("twophase-kafka-retry")  # task retries
+                  .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
+                  .config("spark.sql.execution.arrow.maxRecordsPerBatch", "10"))
     twophase.spark.register(s)
     yield s
     s.stop()

@@ -24,8 +24,7 @@ ROWS = [
 @pytest.fixture(scope="module")
 def spark():
     s = make_spark("twophase-kafka-types-tests")
-    yield s
-    s.stop()
+    yield s  # on the shared context: not stopped (integration/spark_session.py)
 
 
 @pytest.fixture(scope="module")

@@ -148,19 +148,22 @@ def log_states(store_location: str, server: S3Server, sink_id: str) -> list[str]
 POINTS = ("write", "after_pre_commit", "before_complete", "after_complete", "mid_commit", "after_commit")
 
 
-def crash_chain(fmt: str, tmp: Path, options: dict[str, str], files: int = 16,
+def crash_chain(fmt: str, tmp: Path, options: dict[str, str], files: Optional[int] = None,
                 check_partial: Any = None) -> tuple[list[int], list[JobResult]]:
     """Run the job once per fault point, each run restarting from the previous crash, then once clean.
 
     Each run crashes at its point on the first micro-batch it reaches (so every crash is recovered by
     the next run, which itself crashes at the next point). ``check_partial()`` (if given) runs after each
     crash and may assert on what is committed so far. Returns the input ids and every run's result.
+    The input (two files per batch) defaults to one batch per point plus one that only the clean run
+    writes (so its recovery of the last crash is followed by new data).
     """
-    input_dir, checkpoint = tmp / "in", tmp / "checkpoint"
-    ids = write_input(input_dir, files=files, rows=20)
-    results = []
     from integration.crash_chain import chain_points
-    for point in chain_points():
+    points = chain_points()
+    input_dir, checkpoint = tmp / "in", tmp / "checkpoint"
+    ids = write_input(input_dir, files=files or 2 * (len(points) + 1), rows=20)
+    results = []
+    for point in points:
         marker = tmp / f"marker-{point}"
         r = run_job(fmt, input_dir, checkpoint, options, fault=point, marker=marker)
         results.append(r)

@@ -2,23 +2,20 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
-from _support import ROOT, S3Server, write_input
+from _support import S3Server, write_input
 
 pytestmark = [pytest.mark.spark, pytest.mark.s3]
 
 
 @pytest.fixture(scope="module")
 def spark():
-    os.environ["PYTHONPATH"] = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
     from integration.spark_session import make_spark
     s = make_spark(f"twophase-{__name__}")
-    yield s
-    s.stop()
+    yield s  # on the shared context: not stopped (integration/spark_session.py)
 
 
 def run_stream(spark, tmp: Path, fmt: str, options: dict[str, str]) -> str:
