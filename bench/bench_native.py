@@ -40,7 +40,11 @@ MODES = {
     "foreachbatch-write": "foreachBatch + plain `df.write.parquet`, no twophase",
     "twophase-file": "twophase-file, exactly-once (Python path)",
     "noop-python": "no-op Python sink (ceiling of the Python path)",
+    "native-delta": "twophase native path into a local Delta table, exactly-once (`native_sink(\"delta\")`)",
+    "foreachbatch-deltalake": "foreachBatch + `write_deltalake(df.toArrow(), mode=\"append\")`, no twophase",
 }
+#: modes not in the default run (--modes names them): the Delta pair, compared with each other
+EXTRA_MODES = ("native-delta", "foreachbatch-deltalake")
 
 
 def run(spark, mode: str, out: str, ck: str, args) -> dict:
@@ -53,6 +57,12 @@ def run(spark, mode: str, out: str, ck: str, args) -> dict:
     elif mode == "native":
         sink = twophase.spark.native_sink("parquet", path=out, checkpointLocation=ck)
         w = df.writeStream.foreachBatch(sink)
+    elif mode == "native-delta":
+        sink = twophase.spark.native_sink("delta", path=out, checkpointLocation=ck)
+        w = df.writeStream.foreachBatch(sink)
+    elif mode == "foreachbatch-deltalake":
+        from deltalake import write_deltalake
+        w = df.writeStream.foreachBatch(lambda d, b: write_deltalake(out, d.toArrow(), mode="append"))
     elif mode == "foreachbatch-write":
         w = df.writeStream.foreachBatch(lambda d, b: d.write.parquet(os.path.join(out, f"batch-{b}")))
     elif mode == "twophase-file":
@@ -83,7 +93,8 @@ def main() -> int:
     ap.add_argument("--batches", type=int, default=10)
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=2, help="alternate the sinks this many times, keep each one's best")
-    ap.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {', '.join(MODES)}")
+    ap.add_argument("--modes", default=",".join(m for m in MODES if m not in EXTRA_MODES),
+                    help=f"comma-separated subset of {', '.join(MODES)} (default: all but {', '.join(EXTRA_MODES)})")
     ap.add_argument("--timeout", type=float, default=900)
     args = ap.parse_args()
     modes = [m for m in args.modes.split(",") if m]
@@ -134,6 +145,10 @@ def main() -> int:
             commit = (f"{statistics.median(all_commit):.1f} / {max(all_commit):.1f} "
                       f"(log PENDING->COMMITTED {statistics.median(all_log):.1f})")
         print(f"| {MODES[mode]} | {rate[mode]:,.0f} | {b['batch_ms']:.0f} | {ratio} | {commit} |")
+    if "native-delta" in best and "foreachbatch-deltalake" in best:
+        print()
+        print(f"native path into Delta vs foreachBatch + write_deltalake: "
+              f"**{rate['native-delta'] / rate['foreachbatch-deltalake']:.2f}**")
     if "native" in best:
         nat = [x for res in results["native"] for x in res["prepare_ms"]]
         print()

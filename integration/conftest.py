@@ -35,7 +35,11 @@ def kafka_bootstrap():
 
 @pytest.fixture(scope="session", autouse=True)
 def _shared_spark_context():
-    """Stops the test process's shared SparkContext (integration/spark_session.py) at the end, if one ran."""
+    """Maps the class-data-sharing archive into every Spark driver of the session (integration/spark_cds.py;
+    built on first use); stops the test process's shared SparkContext (integration/spark_session.py) at
+    the end, if one ran."""
+    from integration.spark_cds import enable
+    enable()
     yield
     if "integration.spark_session" in sys.modules:
         sys.modules["integration.spark_session"].stop_shared()

@@ -34,19 +34,23 @@ def _alive(spark: Optional[Any]) -> bool:
     return spark is not None and spark.sparkContext._jsc is not None
 
 
-def make_spark(app: str = "twophase-tests", conf: dict[str, str] | None = None) -> Any:
+def make_spark(app: str = "twophase-tests", conf: dict[str, str] | None = None, cores: int = 2) -> Any:
     """A new session with twophase's formats registered and ``conf`` (runtime SQL settings) set, on the
-    shared local[2] context (started on first use). Do not ``stop()`` it: that would stop the context."""
+    shared local[cores] context (started on first use, restarted for another ``cores``). Do not ``stop()``
+    it in a test: that would stop the context."""
     global _shared
     from pyspark.sql import SparkSession
     import twophase.spark
 
+    master = f"local[{cores}]"
+    if _alive(_shared) and _shared.sparkContext.master != master:
+        stop_shared()
     if not _alive(_shared):
         _worker_env()
         active = SparkSession.getActiveSession()
         if _alive(active):  # a module's own context left running: one JVM holds one context
             active.stop()
-        base = (SparkSession.builder.master("local[2]").appName("twophase-tests")
+        base = (SparkSession.builder.master(master).appName(app)
                 .config("spark.ui.enabled", "false").getOrCreate())
         base.sparkContext.setLogLevel("ERROR")
         _shared = base

@@ -1,11 +1,12 @@
 """The crash matrix for twophase-file: SIGKILL the whole Spark job at each protocol point, restart, and
 check that the output holds every input record exactly once and that no staged file is left.
 
-Default: one crash chain (integration/crash_chain.py): one query over 8 input files (one per batch),
-run once per point of the chain and once more; run ``k`` is killed at the k-th point on batch ``k`` (the
-marker file proves it), after restarting from the previous crash; the last run is clean. The chain's
-points are one per recovery path (``crash_chain.DEFAULT_POINTS``: after_pre_commit, mid_commit,
-after_commit); ``TWOPHASE_FULL_MATRIX=1`` chains every point of ``twophase.faults.POINTS``. After every crash a plain reader
+Default: one crash chain (integration/crash_chain.py): one query over one input file per batch (batch 0,
+then one per point), run once per point of the chain and once more; run ``k`` is killed at the k-th point
+on batch ``k`` (the marker file proves it), after restarting from the previous crash; the last run is clean
+and only re-runs the last batch. The chain's points are one per recovery path (``crash_chain.DEFAULT_POINTS``:
+mid_commit, after_commit, then after_pre_commit on the last batch, see ``CHAIN``); ``TWOPHASE_FULL_MATRIX=1``
+chains every point of ``twophase.faults.POINTS``. After every crash a plain reader
 sees every earlier batch exactly once, the crashed batch not at all (partly at ``mid_commit``, whole
 at ``after_commit``), no duplicates and nothing unexpected, and staged files and unfinished log records
 only of the crashed checkpoint; at the end every id is there exactly once, no staged attempt is left
@@ -30,7 +31,13 @@ from twophase.log import TransactionLog
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 FULL = os.environ.get("TWOPHASE_FULL_MATRIX") == "1"
-FILES, ROWS = 8, 90  # one file per batch: batch 0, one per point (1..6), and a fresh one for the clean run
+#: the chain fires its points in protocol order but one: the PENDING-with-staged-files point (after_pre_commit;
+#: before_complete in the full chain) goes LAST, on the LAST input batch, so the clean run re-runs that batch
+#: and none comes after it. That is the regression of test_file_sink_inv4_crash_before_complete_of_last_batch...:
+#: a staged attempt was left when only the next batch's recovery swept, and none came (found by the nemesis).
+_LAST = "before_complete" if "before_complete" in chain_points() else "after_pre_commit"
+CHAIN = tuple(p for p in chain_points() if p != _LAST) + (_LAST,)
+FILES, ROWS = 1 + len(CHAIN), 90  # one file per batch: batch 0, then one per point; none left for the clean run
 
 
 def _log(out: str) -> TransactionLog:
@@ -58,10 +65,10 @@ def chain(tmp_path_factory) -> CrashChain:
     def check_crashed(point: str, cid: int) -> None:
         check_after_crash(ids, out, ROWS, [r.checkpoint_id for r in _log(out).unfinished()], point, cid)
 
-    return CrashChain(chain_points(), run, check_crashed, lambda: assert_recovered(ids, out), str(work))
+    return CrashChain(CHAIN, run, check_crashed, lambda: assert_recovered(ids, out), str(work))
 
 
-@pytest.mark.parametrize("point", chain_points())
+@pytest.mark.parametrize("point", CHAIN)
 def test_crash_matrix_file_sink(chain: CrashChain, point: str) -> None:
     chain.crash(point)
 
@@ -88,6 +95,7 @@ def test_crash_matrix_file_sink_separate_jobs(tmp_path, point):
     assert_recovered(ids, out)
 
 
+@pytest.mark.skipif(not FULL, reason="the chain's last crash is this case (on its last batch): TWOPHASE_FULL_MATRIX=1")
 def test_file_sink_inv4_crash_before_complete_of_last_batch_leaves_no_staging(tmp_path) -> None:
     """Regression: 3 batches, crash at before_complete of the LAST one, restart; output exactly once, log
     final, and no staged attempt of that checkpoint left (there was, before the file sink swept right

@@ -15,20 +15,38 @@ import binascii
 import contextlib
 import hashlib
 import io
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Collection, Mapping
+from typing import Any, Collection, Mapping, Optional
 
 from twophase.errors import CommitFailedError, ConfigurationError, DataLossError, TransientSinkError
-from twophase.log_s3 import error_code, http_status
+from twophase.log_s3 import S3Config, error_code, http_status
 from twophase.naming import own_part_checkpoint
 
 MIN_PART_SIZE = 5 << 20
 
 
-def check_bucket(client: Any, bucket: str, *, sink: str, url: str) -> None:
-    """Fail on the driver, before any data moves, if the bucket is missing or the credentials are refused."""
+#: how long a bucket that passed :func:`check_bucket` is taken as there, per process
+BUCKET_CHECK_TTL_S = 300.0
+_checked_buckets: dict[tuple[str, str, str], float] = {}
+
+
+def check_bucket(client: Any, bucket: str, *, sink: str, url: str, config: Optional[S3Config] = None) -> None:
+    """Fail on the driver, before any data moves, if the bucket is missing or the credentials are refused.
+
+    With ``config``, a bucket found with the same endpoint and access key id in the last
+    :data:`BUCKET_CHECK_TTL_S` seconds is not asked again: Spark calls ``streamWriter()`` twice per
+    micro-batch (planner and commit worker), each a HeadBucket otherwise. Only a pass is remembered; a
+    bucket deleted meanwhile fails the next request that needs it, loudly (nothing is committed by a
+    request that failed)."""
+    key = ((config.resolved_endpoint() or "", config.access_key_id or "", bucket) if config is not None else None)
+    now = time.monotonic()
+    if key is not None and now - _checked_buckets.get(key, -BUCKET_CHECK_TTL_S - 1) < BUCKET_CHECK_TTL_S:
+        return
     try:
         client.head_bucket(Bucket=bucket)
+        if key is not None:
+            _checked_buckets[key] = now
         return
     except Exception as e:
         status, code = http_status(e), error_code(e)

@@ -596,7 +596,8 @@ class DeltaSink(SinkSpec[DeltaCommittable]):
     def validate_destination(self) -> None:
         """Check the bucket, then create the table or check the stream's schema against it."""
         if self.options.on_s3:
-            check_bucket(self.files.client, self.files.bucket, sink="twophase-delta", url=self.uri)
+            check_bucket(self.files.client, self.files.bucket, sink="twophase-delta", url=self.uri,
+                         config=self.files.config)
         else:
             try:
                 makedirs_durable(self.uri)

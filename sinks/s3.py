@@ -198,7 +198,8 @@ class S3Sink(SinkSpec[S3Committable]):
 
     def validate_destination(self) -> None:
         """Missing bucket, refused credentials, unreachable endpoint: a ConfigurationError now."""
-        check_bucket(self.client, self.options.bucket, sink="twophase-s3", url=self.options.url)
+        check_bucket(self.client, self.options.bucket, sink="twophase-s3", url=self.options.url,
+                     config=self.options.s3)
 
     def transaction_log(self) -> TransactionLog:
         loc = self.options.log_location or f"{self.options.url}/{internal_rel(self.sink_id)}/log"

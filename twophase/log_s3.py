@@ -139,6 +139,13 @@ def http_status(e: BaseException) -> int:
     return int((resp.get("ResponseMetadata") or {}).get("HTTPStatusCode") or 0)
 
 
+#: per endpoint (``S3Config.resolved_endpoint()``, '' for AWS): whether it compares If-Match against the bare
+#: ETag (radosgw 16) rather than the quoted one (RFC 7232, AWS). Learned once per process, so a store made
+#: per batch does not pay a 412 and a HEAD again; a 412 while the object still has the version asked for
+#: proves the other form (and flips this, both ways).
+_UNQUOTED_IF_MATCH: dict[str, bool] = {}
+
+
 class S3LogStore(LogStore):
     """A :class:`LogStore` under ``s3://bucket/prefix`` (see module invariants)."""
 
@@ -149,7 +156,7 @@ class S3LogStore(LogStore):
         self.bucket, self.prefix = parse_s3_url(location, option="log.location")
         self.config = config or S3Config()
         self._client: Any = None
-        self._unquoted_if_match = False
+        self._unquoted_if_match = _UNQUOTED_IF_MATCH.get(self.config.resolved_endpoint() or "", False)
         digest = hashlib.sha256(self.location.encode()).hexdigest()[:24]
         self._lock = ReentrantFileLock(os.path.join(tempfile.gettempdir(), "twophase-locks", f"s3-{digest}.lock"))
 
@@ -193,18 +200,24 @@ class S3LogStore(LogStore):
             raise self._fail("read", name, e) from e
 
     def put_if_version(self, name: str, data: bytes, version: Optional[str]) -> Optional[str]:  # invariant 3
-        """If-Match takes the quoted ETag (RFC 7232, AWS); radosgw 16 compares it unquoted. The first
-        412 whose object still has ``version`` (a HEAD) switches this store to the unquoted form."""
+        """If-Match takes the quoted ETag (RFC 7232, AWS); radosgw 16 compares it unquoted. A 412 whose
+        object still has ``version`` (a HEAD) switches to the other form and asks once more; the form that
+        worked is kept for the endpoint in this process (:data:`_UNQUOTED_IF_MATCH`)."""
+        flipped = False
         for _ in range(5):
             condition = ({"IfNoneMatch": "*"} if version is None
                          else {"IfMatch": version.strip('"') if self._unquoted_if_match else version})
             try:
-                return self.client.put_object(Bucket=self.bucket, Key=self._key(name), Body=data, **condition)["ETag"]
+                etag = self.client.put_object(Bucket=self.bucket, Key=self._key(name), Body=data, **condition)["ETag"]
+                if version is not None:
+                    _UNQUOTED_IF_MATCH[self.config.resolved_endpoint() or ""] = self._unquoted_if_match
+                return etag
             except Exception as e:
                 code = error_code(e)
                 if code in ("PreconditionFailed", "412"):
-                    if version is not None and not self._unquoted_if_match and self._etag(name) == version:
-                        self._unquoted_if_match = True  # the server wants the bare ETag: ask again
+                    if version is not None and not flipped and self._etag(name) == version:
+                        self._unquoted_if_match = not self._unquoted_if_match  # the other form: ask again
+                        flipped = True
                         continue
                     return None
                 if version is not None and code in ("NoSuchKey", "404"):  # If-Match on a deleted object
