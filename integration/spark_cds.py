@@ -26,7 +26,7 @@ import tempfile
 import textwrap
 from typing import Optional
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from integration.spark_session import ROOT, pythonpath_with_root
 _log = logging.getLogger(__name__)
 
 TRAIN = textwrap.dedent('''
@@ -79,7 +79,7 @@ def build(path: str, timeout: float = 300) -> bool:
     env["PYSPARK_SUBMIT_ARGS"] = (f"--driver-java-options {shlex.quote(f'-XX:ArchiveClassesAtExit={tmp} -Xlog:cds=off')}"
                                   " pyspark-shell")
     env.setdefault("PYSPARK_PYTHON", sys.executable)
-    env["PYTHONPATH"] = os.pathsep.join([ROOT, *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
+    env["PYTHONPATH"] = pythonpath_with_root(env.get("PYTHONPATH", ""))
     try:
         run = subprocess.run([sys.executable, "-c", TRAIN], env=env, capture_output=True, text=True, timeout=timeout)
         if run.returncode != 0 or not os.path.exists(tmp) or os.path.getsize(tmp) == 0:

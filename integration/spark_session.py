@@ -20,14 +20,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _shared: Optional[Any] = None
 
 
+def pythonpath_with_root(pythonpath: str) -> str:
+    """``pythonpath`` with the repository first (once): Spark's Python workers import ``integration``."""
+    paths = [p for p in pythonpath.split(os.pathsep) if p]
+    return pythonpath if ROOT in paths else os.pathsep.join([ROOT, *paths])
+
+
 def _worker_env() -> None:
     """Spark's Python workers inherit the driver's environment when the context starts: the venv's
     Python, and the repository on PYTHONPATH (tests pass functions from ``integration`` to workers)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if ROOT not in paths:
-        os.environ["PYTHONPATH"] = os.pathsep.join([ROOT, *paths])
+    os.environ["PYTHONPATH"] = pythonpath_with_root(os.environ.get("PYTHONPATH", ""))
 
 
 def _alive(spark: Optional[Any]) -> bool:

@@ -41,7 +41,8 @@ def check_bucket(client: Any, bucket: str, *, sink: str, url: str, config: Optio
     request that failed)."""
     key = ((config.resolved_endpoint() or "", config.access_key_id or "", bucket) if config is not None else None)
     now = time.monotonic()
-    if key is not None and now - _checked_buckets.get(key, -BUCKET_CHECK_TTL_S - 1) < BUCKET_CHECK_TTL_S:
+    passed = _checked_buckets.get(key) if key is not None else None
+    if passed is not None and now - passed < BUCKET_CHECK_TTL_S:
         return
     try:
         client.head_bucket(Bucket=bucket)

@@ -156,7 +156,8 @@ class S3LogStore(LogStore):
         self.bucket, self.prefix = parse_s3_url(location, option="log.location")
         self.config = config or S3Config()
         self._client: Any = None
-        self._unquoted_if_match = _UNQUOTED_IF_MATCH.get(self.config.resolved_endpoint() or "", False)
+        self._endpoint = self.config.resolved_endpoint() or ""  # the key of _UNQUOTED_IF_MATCH
+        self._unquoted_if_match = _UNQUOTED_IF_MATCH.get(self._endpoint, False)
         digest = hashlib.sha256(self.location.encode()).hexdigest()[:24]
         self._lock = ReentrantFileLock(os.path.join(tempfile.gettempdir(), "twophase-locks", f"s3-{digest}.lock"))
 
@@ -210,7 +211,7 @@ class S3LogStore(LogStore):
             try:
                 etag = self.client.put_object(Bucket=self.bucket, Key=self._key(name), Body=data, **condition)["ETag"]
                 if version is not None:
-                    _UNQUOTED_IF_MATCH[self.config.resolved_endpoint() or ""] = self._unquoted_if_match
+                    _UNQUOTED_IF_MATCH[self._endpoint] = self._unquoted_if_match
                 return etag
             except Exception as e:
                 code = error_code(e)
