@@ -67,11 +67,13 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=6)
     ap.add_argument("--tasks", type=int, default=2)
     ap.add_argument("--rows", type=int, default=400_000, help="rows per task and batch")
+    ap.add_argument("--part-size", default=None, help="the sinks' option partSize (default: the sink's, 5m)")
     ap.add_argument("--rounds", type=int, default=2, help="alternate plain/twophase rounds; the best of each counts")
     ap.add_argument("--spark-calls", action=argparse.BooleanOptionalAction, default=True,
                     help="also time the sink driven as Spark calls it (streamWriter() twice per batch)")
     a = ap.parse_args()
     requests = RequestCount()
+    part_size = {"partSize": a.part_size} if a.part_size else {}
     spark_requests: dict[str, int] = {}
     ep, server_dir = endpoint()
     try:
@@ -81,7 +83,7 @@ def main() -> None:
         client.create_bucket(Bucket=bucket)
         batches = {(b, t): make_batch(b * a.tasks + t, a.rows) for b in range(a.batches) for t in range(a.tasks)}
         sink = S3Sink.from_options({"path": f"s3://{bucket}/twophase", "s3.endpoint": ep, "s3.accessKeyId": "test",
-                                    "s3.secretAccessKey": "test", "s3.region": "us-east-1", "partSize": "8m"})
+                                    "s3.secretAccessKey": "test", "s3.region": "us-east-1", **part_size})
         sink.validate_destination()
         log = sink.transaction_log()
         log.claim("bench")
@@ -112,7 +114,7 @@ def main() -> None:
             return time.perf_counter() - t0, commits
 
         spark_opts = {"path": f"s3://{bucket}/spark", "s3.endpoint": ep, "s3.accessKeyId": "test",
-                      "s3.secretAccessKey": "test", "s3.region": "us-east-1", "partSize": "8m"}
+                      "s3.secretAccessKey": "test", "s3.region": "us-east-1", **part_size}
         spark_next = [0]
 
         def spark_round(n: int) -> tuple[float, list[float]]:
@@ -165,7 +167,8 @@ def main() -> None:
         stop(server_dir)
     mib = total_bytes / (1 << 20)
     print(f"\nS3 benchmark: {a.batches} batches x {a.tasks} tasks x {a.rows} rows, {mib:.0f} MiB Parquet, "
-          f"endpoint {ep}, best of {a.rounds} alternating rounds after an untimed warm-up\n")
+          f"endpoint {ep}, partSize {a.part_size or 'default (5m)'}, best of {a.rounds} alternating rounds after an "
+          "untimed warm-up\n")
     print("| writer | total s | MiB/s | commit ms/batch (median) | ratio vs plain |")
     print("|---|---:|---:|---:|---:|")
     print(f"| plain put_object | {plain_s:.2f} | {mib / plain_s:.1f} | - | 1.00 |")

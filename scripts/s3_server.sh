@@ -85,7 +85,7 @@ osd_objectstore = memstore
 memstore_device_bytes = 2147483648
 mon_warn_on_pool_no_redundancy = false
 [client.rgw.x]
-rgw_frontends = beast endpoint=127.0.0.1:$RGW
+rgw_frontends = beast endpoint=127.0.0.1:$RGW tcp_nodelay=1
 rgw_data = $D/rgw
 CONF
   local C="-c $D/ceph.conf" STEP=""

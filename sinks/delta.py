@@ -95,7 +95,7 @@ DELTA_OPTIONS: tuple[Option[Any], ...] = (
            "reach Python sinks; use this option)"),
     Option("mergeSchema", parse_bool, False, help="add new columns of the stream to the table's schema"),
     Option("targetFileSize", parse_size, 128 << 20, help="roll to a new data file past this many bytes (e.g. 128m)"),
-    Option("partSize", parse_size, 8 << 20, help="multipart part size for tables on S3, at least 5m"),
+    Option("partSize", parse_size, 5 << 20, help="multipart part size for tables on S3, at least 5m (the default)"),
     Option("compression", parse_choice("snappy", "zstd", "gzip", "none"), "snappy", help="Parquet compression"),
     *S3_CLIENT_OPTIONS,
 )
@@ -144,7 +144,7 @@ class DeltaSinkOptions:
     partition_by: tuple[str, ...] = ()
     merge_schema: bool = False
     target_file_size: int = 128 << 20
-    part_size: int = 8 << 20
+    part_size: int = 5 << 20
     compression: str = "snappy"
     s3: S3Config = field(default_factory=S3Config)
     storage: Mapping[str, str] = field(default_factory=dict)

@@ -80,7 +80,9 @@ S3_OPTIONS: tuple[Option[Any], ...] = (
     Option("path", str, required=True, help="where objects go: s3://bucket/prefix"),
     *FORMAT_OPTIONS,
     Option("partitionBy", parse_list, (), help="comma-separated Hive partition columns"),
-    Option("partSize", parse_size, 8 << 20, help="multipart part size, at least 5m (S3's minimum)"),
+    Option("partSize", parse_size, 5 << 20,
+           help="multipart part size, at least 5m (S3's minimum, the default: the first part uploads while the "
+                "task still encodes the file)"),
     Option("maxFileSize", parse_size, 128 << 20, help="roll to a new object past this many bytes (e.g. 128m)"),
     *S3_CLIENT_OPTIONS,
 )
@@ -96,7 +98,7 @@ class S3SinkOptions:
     s3: S3Config = field(default_factory=S3Config)
     format: str = "parquet"
     partition_by: tuple[str, ...] = ()
-    part_size: int = 8 << 20
+    part_size: int = 5 << 20
     max_file_size: int = 128 << 20
     compression: str = "snappy"
     #: format, codec, maxRecordsPerFile and the CSV options, validated (:func:`~twophase.sinks._formats.format_options`)

@@ -20,7 +20,7 @@ from twophase.sink import TransactionContext
 
 def test_s3_options_parse_path_and_defaults() -> None:
     o = S3SinkOptions.from_options({"path": "s3://bkt/a/b/", "checkpointLocation": "/ck"})
-    assert (o.bucket, o.prefix, o.format, o.part_size, o.owner) == ("bkt", "a/b", "parquet", 8 << 20, "/ck")
+    assert (o.bucket, o.prefix, o.format, o.part_size, o.owner) == ("bkt", "a/b", "parquet", 5 << 20, "/ck")
 
 
 @pytest.mark.parametrize("raw, fragment", [

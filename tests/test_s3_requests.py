@@ -130,3 +130,31 @@ def test_s3_sink_bucket_check_is_asked_again_after_its_ttl(monkeypatch: pytest.M
     now[0] += 2
     _s3.check_bucket(server, "b", sink="twophase-s3", url="s3://b/out", config=cfg)
     assert server.calls == ["HeadBucket", "HeadBucket"]
+
+
+def test_s3_client_is_made_once_per_process_configuration_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A boto3 client costs 50-200 ms to make; Spark builds the sink afresh twice per batch and per task."""
+    made: list[S3Config] = []
+    monkeypatch.setattr(log_s3, "_CLIENTS", {})
+    monkeypatch.setattr(S3Config, "_new_client", lambda self: made.append(self) or object())
+    cfg = S3Config("http://rgw:7480", "us-east-1", "AKID", "secret")
+    first = cfg.client()
+    assert S3Config("http://rgw:7480", "us-east-1", "AKID", "secret").client() is first  # an equal config
+    assert S3LogStore("s3://b/log", cfg).client is first and len(made) == 1
+    other = S3Config("http://rgw:7480", "us-east-1", "OTHER", "secret").client()
+    assert other is not first and len(made) == 2
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "rotated")  # the environment's credentials changed: a new client
+    assert cfg.client() is not first and len(made) == 3
+    monkeypatch.setattr(log_s3.os, "getpid", lambda: -1)  # a forked child never reuses its parent's pool
+    assert cfg.client() is not first and len(made) == 4
+
+
+def test_s3_client_cache_keeps_at_most_its_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(log_s3, "_CLIENTS", {})
+    monkeypatch.setattr(S3Config, "_new_client", lambda self: object())
+    first = S3Config("http://rgw:7480", "us-east-1", "K0", "s")
+    c0 = first.client()
+    for i in range(1, log_s3._CLIENTS_MAX + 1):
+        first.client()  # kept recently used: the others are dropped first
+        S3Config("http://rgw:7480", "us-east-1", f"K{i}", "s").client()
+    assert len(log_s3._CLIENTS) == log_s3._CLIENTS_MAX and first.client() is c0

@@ -29,6 +29,7 @@ import contextlib
 import hashlib
 import os
 import tempfile
+import threading
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Optional
 
@@ -75,7 +76,28 @@ class S3Config:
             raise ConfigurationError("options 's3.accessKeyId' and 's3.secretAccessKey' go together; give both or neither")
 
     def client(self) -> Any:
-        """A new boto3 S3 client (thread-safe; create one per process)."""
+        """The boto3 S3 client of this configuration in this process: created once, then shared.
+
+        A boto3 client is thread-safe, and creating one costs 50-200 ms (a new session loads and parses
+        botocore's service model), which Spark would pay several times per micro-batch: ``streamWriter()``
+        builds the sink afresh twice per batch and every task opens its own. Shared per process id (a
+        forked child never reuses its parent's connection pool), per configuration and per AWS_*
+        variable of the environment (a client made before the environment changed is not reused); at
+        most :data:`_CLIENTS_MAX` are kept, the least recently used dropped first."""
+        key = (os.getpid(), self, tuple((k, v) for k, v in sorted(os.environ.items()) if k.startswith("AWS_")))
+        with _CLIENTS_LOCK:
+            found = _CLIENTS.pop(key, None)
+            if found is not None:
+                _CLIENTS[key] = found  # most recently used last
+                return found
+        made = self._new_client()
+        with _CLIENTS_LOCK:
+            made = _CLIENTS.setdefault(key, made)
+            while len(_CLIENTS) > _CLIENTS_MAX:
+                del _CLIENTS[next(iter(_CLIENTS))]
+        return made
+
+    def _new_client(self) -> Any:
         from twophase._versions import require
         require("boto3", what="a transaction log, prefix registry or sink on S3")
         try:
@@ -104,6 +126,12 @@ class S3Config:
 
     def resolved_endpoint(self) -> Optional[str]:
         return self.endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+
+
+#: the per-process cache of :meth:`S3Config.client` (insertion order = least recently used first)
+_CLIENTS: dict[tuple[Any, ...], Any] = {}
+_CLIENTS_LOCK = threading.Lock()
+_CLIENTS_MAX = 16
 
 
 S3_CLIENT_OPTIONS: tuple[Option[Any], ...] = (
