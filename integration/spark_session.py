@@ -38,10 +38,16 @@ def _alive(spark: Optional[Any]) -> bool:
     return spark is not None and spark.sparkContext._jsc is not None
 
 
-def make_spark(app: str = "twophase-tests", conf: dict[str, str] | None = None, cores: int = 2) -> Any:
+def make_spark(app: str = "twophase-tests", conf: dict[str, str] | None = None, cores: int = 2,
+               new_session: bool = True) -> Any:
     """A new session with twophase's formats registered and ``conf`` (runtime SQL settings) set, on the
     shared local[cores] context (started on first use, restarted for another ``cores``). Do not ``stop()``
-    it in a test: that would stop the context."""
+    it in a test: that would stop the context.
+
+    ``new_session=False`` returns the context's own session instead: a Python data source registered with
+    ``spark.dataSource.register`` on a ``newSession()`` is not found by a streaming query in PySpark 4.3
+    (DATA_SOURCE_NOT_FOUND at start, or DATA_SOURCE_NOT_EXIST in the batch), so the benchmarks, which
+    register a no-op sink, use this."""
     global _shared
     from pyspark.sql import SparkSession
     import twophase.spark
@@ -58,7 +64,7 @@ def make_spark(app: str = "twophase-tests", conf: dict[str, str] | None = None, 
                 .config("spark.ui.enabled", "false").getOrCreate())
         base.sparkContext.setLogLevel("ERROR")
         _shared = base
-    spark = _shared.newSession()
+    spark = _shared.newSession() if new_session else _shared
     settings = {"spark.sql.shuffle.partitions": "3", "spark.sql.streaming.stopTimeout": "30s", **(conf or {})}
     for k, v in settings.items():
         spark.conf.set(k, v)
