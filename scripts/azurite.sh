@@ -3,10 +3,16 @@
 # Azure integration tests: a real server speaking the Blob REST API (block blobs, staged blocks, ETags,
 # conditional requests), no Docker.
 #
-#   scripts/azurite.sh start [DIR]     install azurite@3 from npm into the cache if missing, start the blob
-#                                      service on a free loopback port with its data in DIR
+#   scripts/azurite.sh start [DIR]     install azurite (TWOPHASE_AZURITE_VERSION, default 3.37.0) from npm into
+#                                      the cache if missing, start the blob service on a free loopback port
+#                                      with its data in DIR
 #   scripts/azurite.sh stop  [DIR]     stop the server started from DIR (by its pid file) and remove DIR
-#   scripts/azurite.sh install         only install (npm install --prefix $TWOPHASE_AZURITE_HOME azurite@3)
+#   scripts/azurite.sh install         only install (npm install --prefix $TWOPHASE_AZURITE_HOME azurite@VERSION)
+#
+# Why 3.37.0 and not "azurite@3": delta-rs (object_store) lists _delta_log with List Blobs' startFrom
+# parameter; Azurite before 3.36 ignores it and answers every entry from the first, and delta-rs then
+# fails the table's second commit ("Invalid table version"). npm resolves azurite@3 to 3.35.0 under
+# node 20 (3.36+ declare node >= 22); 3.37.0 runs on node 20 here (tested with node v20.20).
 #
 # Needs node and npm (Debian: apt-get install nodejs npm). The install is cached in $TWOPHASE_AZURITE_HOME
 # (default $HOME/.cache/twophase-azurite). Port: a free one unless TWOPHASE_AZURITE_PORT is set.
@@ -18,6 +24,7 @@ set -euo pipefail
 CMD=${1:-start}
 D=${2:-${TWOPHASE_AZURITE_DIR:-/tmp/twophase-azurite}}
 CACHE=${TWOPHASE_AZURITE_HOME:-$HOME/.cache/twophase-azurite}
+VERSION=${TWOPHASE_AZURITE_VERSION:-3.37.0}
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-$HERE/.venv/bin/python}
 [ -x "$PY" ] || PY=python3
@@ -27,15 +34,20 @@ KEY="Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/K
 
 log() { echo "azurite: $*" >&2; }
 
+installed_version() {
+  sed -n 's/^  "version": "\(.*\)",$/\1/p' "$CACHE/node_modules/azurite/package.json" 2>/dev/null | head -1
+}
+
 install_azurite() {
-  if [ -x "$CACHE/node_modules/.bin/azurite-blob" ]; then
+  if [ -x "$CACHE/node_modules/.bin/azurite-blob" ] && [ "$(installed_version)" = "$VERSION" ]; then
     return
   fi
   command -v node >/dev/null || { log "node is missing (apt-get install nodejs)"; exit 3; }
   command -v npm >/dev/null || { log "npm is missing (apt-get install npm)"; exit 3; }
-  log "installing azurite@3 into $CACHE (npm)"
+  log "installing azurite@$VERSION into $CACHE (npm)"
   mkdir -p "$CACHE"
-  npm install --prefix "$CACHE" --no-audit --no-fund --loglevel=error azurite@3 >&2
+  npm install --prefix "$CACHE" --no-audit --no-fund --loglevel=error --engine-strict=false "azurite@$VERSION" >&2
+  [ "$(installed_version)" = "$VERSION" ] || { log "npm installed azurite $(installed_version), not $VERSION"; exit 1; }
 }
 
 free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
