@@ -150,25 +150,29 @@ def list_names(container: Any, key_prefix: str, *, uncommitted: bool = True) -> 
         yield b.name
 
 
-def check_container(container: Any, *, sink: str, url: str) -> None:
+def check_container(config: AzureConfig, container_name: str, prefix: str, *, sink: str, url: str) -> None:
     """Fail on the driver, before any data moves, if the container is missing, the credentials are refused
-    or the endpoint does not answer (ConfigurationError naming the option and the fix)."""
+    or the endpoint does not answer (ConfigurationError naming the option and the fix). One List Blobs of
+    at most one name under ``prefix`` (what a container SAS with the sink's permissions allows; Get
+    Container Properties needs more), asked with one quick retry, not the data path's five."""
+    container = config.container_client(container_name, retry_total=1, initial_backoff=0.5, increment_base=1)
     try:
-        container.get_container_properties()
+        next(iter(container.list_blobs(name_starts_with=f"{prefix}/" if prefix else None, results_per_page=1)
+                  .by_page()), None)
         return
     except Exception as e:
         status, code, name = http_status(e), azure_error_code(e), type(e).__name__
         if status == 404 or code == "ContainerNotFound":
-            raise ConfigurationError(f"{sink}: container {container.container_name!r} of option 'path'={url!r} does "
+            raise ConfigurationError(f"{sink}: container {container_name!r} of option 'path'={url!r} does "
                                      "not exist; create it first or fix the path") from None
         if status in (401, 403) or code in ("AuthenticationFailed", "AuthorizationFailure", "AuthorizationPermissionMismatch"):
-            raise ConfigurationError(f"{sink}: Azure refused the credentials for container {container.container_name!r} "
+            raise ConfigurationError(f"{sink}: Azure refused the credentials for container {container_name!r} "
                                      f"({code or status}); check options 'azure.accountKey' / 'azure.sasToken' or "
                                      "AZURE_STORAGE_ACCOUNT_KEY / AZURE_STORAGE_SAS_TOKEN") from None
         if name in ("ServiceRequestError", "ServiceResponseError", "ConnectionError"):
-            raise ConfigurationError(f"{sink}: cannot reach the Azure Blob endpoint {container.url.split('?')[0]!r}; "
+            raise ConfigurationError(f"{sink}: cannot reach the Azure Blob endpoint {config.endpoint!r}; "
                                      "check option 'azure.endpoint'") from None
-        raise TransientSinkError(f"{sink}: cannot check container {container.container_name!r}: {code or name}") from None
+        raise TransientSinkError(f"{sink}: cannot check container {container_name!r}: {code or name}") from None
 
 
 class AzureFiles:

@@ -658,7 +658,8 @@ class DeltaSink(SinkSpec[DeltaCommittable]):
             check_bucket(self.files.client, self.files.bucket, sink="twophase-delta", url=self.uri,
                          config=self.files.config)
         elif self.options.azure is not None:
-            check_container(self.files.client, sink="twophase-delta", url=self.uri)
+            check_container(self.options.azure, self.files.container_name, self.files.prefix, sink="twophase-delta",
+                            url=self.uri)
         else:
             try:
                 makedirs_durable(self.uri)

@@ -189,18 +189,21 @@ class AzureConfig:
         """``str(e)`` of a client error with this config's secrets and any embedded ones masked."""
         return redact_values(redact_text(str(e)), [s for s in self.secrets if s])
 
-    def service_client(self) -> Any:
-        """A new ``BlobServiceClient`` for the resolved account (thread-safe; one per process is enough)."""
+    def service_client(self, **client_options: Any) -> Any:
+        """A new ``BlobServiceClient`` for the resolved account (thread-safe; one per process is enough).
+        Retries: 5, after about 1, 3, 5, 9, 17 s (the SDK's default waits start at 15 s); ``client_options``
+        override the SDK's settings (:func:`twophase.sinks._azure.check_container` asks once, quickly)."""
         if not self.resolved:
-            return self.resolve().service_client()
+            return self.resolve().service_client(**client_options)
         _require()
         from azure.storage.blob import BlobServiceClient
         credential: Any = ({"account_name": self.account_name, "account_key": self.account_key} if self.account_key
                            else self.sas_token)
-        return BlobServiceClient(account_url=self.endpoint, credential=credential, retry_total=5)
+        settings: dict[str, Any] = {"retry_total": 5, "initial_backoff": 1, "increment_base": 2, **client_options}
+        return BlobServiceClient(account_url=self.endpoint, credential=credential, **settings)
 
-    def container_client(self, container: str) -> Any:
-        return self.service_client().get_container_client(container)
+    def container_client(self, container: str, **client_options: Any) -> Any:
+        return self.service_client(**client_options).get_container_client(container)
 
 
 def _check_key(key: str, where: str) -> None:
