@@ -170,7 +170,7 @@ def main() -> int:
         bootstrap = args.bootstrap or stack.enter_context(kafka_broker())
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-kafka-"))
         os.environ["TWOPHASE_STATE_DIR"] = tmp
-        spark = make_spark("bench-kafka", cores=args.partitions)
+        spark = make_spark("bench-kafka", cores=args.partitions, new_session=False)
         register_noop(spark)
         started = time.time()
         try:

@@ -100,7 +100,7 @@ def main() -> int:
     modes = [m for m in args.modes.split(",") if m]
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from integration.spark_session import make_spark
-    spark = make_spark("twophase-bench-native", cores=args.partitions)
+    spark = make_spark("twophase-bench-native", cores=args.partitions, new_session=False)
     register_noop(spark)
     work = tempfile.mkdtemp(prefix="twophase-bench-native-")
     results: dict[str, list[dict]] = {m: [] for m in modes}

@@ -4,6 +4,10 @@
 ``scripts/s3_server.sh``; moto with ``TWOPHASE_S3_SERVER=moto``; an external one with
 ``TWOPHASE_S3_ENDPOINT``), shared by the S3 and Delta tests so it starts once.
 
+``azure_server``: Azurite (Microsoft's Azure Storage emulator, blob service) for the whole session,
+installed from npm and started by ``scripts/azurite.sh`` (:mod:`integration.azure.azurite`); the
+tests that need it skip only when node / npm are missing.
+
 ``kafka_bootstrap``: a Kafka broker for the session (see :mod:`integration.kafka.broker`), started on
 first use by any directory's tests (the Kafka tests and the cluster nemesis).
 """
@@ -23,6 +27,12 @@ from _support import S3Server, s3_server_fixture  # noqa: E402
 @pytest.fixture(scope="session")
 def s3_server() -> S3Server:
     yield from s3_server_fixture()
+
+
+@pytest.fixture(scope="session")
+def azure_server():
+    from integration.azure.azurite import azure_server_fixture
+    yield from azure_server_fixture()
 
 
 @pytest.fixture(scope="session")

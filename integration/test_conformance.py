@@ -1,5 +1,6 @@
 """The conformance suite (:mod:`twophase.testing`) against the sinks on real servers: S3 (radosgw, or
-moto with ``TWOPHASE_S3_SERVER=moto``), Delta on S3, and Kafka (noida-db, or ``KAFKA_BOOTSTRAP_SERVERS``).
+moto with ``TWOPHASE_S3_SERVER=moto``), Delta on S3, Delta on Azure Blob (Azurite), and Kafka (noida-db,
+or ``KAFKA_BOOTSTRAP_SERVERS``).
 Files and local Delta run it in ``tests/test_conformance.py``."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 from harnesses import DeltaHarness, KafkaHarness, S3Harness  # noqa: E402
 from twophase.testing import CONFORMANCE_CHECKS, SinkHarness  # noqa: E402
 
-SINKS = ["s3", "delta-s3", "kafka"]
+SINKS = ["s3", "delta-s3", "delta-azure", "kafka"]
 
 
 def _harness(kind: str, request: Any) -> SinkHarness:
@@ -27,6 +28,9 @@ def _harness(kind: str, request: Any) -> SinkHarness:
         storage = {"AWS_ENDPOINT_URL": server.endpoint, "AWS_ACCESS_KEY_ID": server.access_key,
                    "AWS_SECRET_ACCESS_KEY": server.secret_key, "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"}
         return DeltaHarness(f"s3://{bucket}/table", server.options(), storage)
+    if kind == "delta-azure":
+        server = request.getfixturevalue("azure_server")
+        return DeltaHarness(server.url(server.new_container(), "table"), server.options(), server.storage_options())
     if kind == "kafka":
         from integration.kafka.broker import create_topic, unique
         bootstrap = request.getfixturevalue("kafka_bootstrap")

@@ -34,7 +34,7 @@ if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
         > .venv/setup.log 2>&1; then
     tail -40 .venv/setup.log; echo "setup: pip install failed (full log: .venv/setup.log)"; exit 1
   fi
-  .venv/bin/python -c "import twophase, pyspark, pyarrow, kafka, deltalake, boto3, pytest"
+  .venv/bin/python -c "import twophase, pyspark, pyarrow, kafka, deltalake, boto3, azure.storage.blob, pytest"
   touch "$STAMP"
 fi
 # PySpark discovers pyspark_* modules with pkgutil.iter_modules, which does not see an editable install's

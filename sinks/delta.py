@@ -1,11 +1,22 @@
-"""Exactly-once Delta Lake tables (local path or S3): data files first, then ONE Delta commit per checkpoint.
+"""Exactly-once Delta Lake tables (local path, S3 or Azure Blob / ADLS Gen2): data files first, then ONE Delta
+commit per checkpoint.
 
 Executors write Parquet data files straight into the table location (Hive-style partition directories);
 a data file no Delta commit references is invisible to every Delta reader. A task's handle is the list
 of its files as Delta Add actions (path, size, partition values, stats). The driver commits a whole
 checkpoint atomically (:meth:`DeltaCommitter.commit_checkpoint`): one Delta commit with every Add action of
 every task and an app transaction ``(app id = sink id, version = checkpoint id)``. Commits go through
-deltalake (delta-rs); on S3 its conditional put (If-None-Match) makes concurrent commits safe.
+deltalake (delta-rs); on S3 and on Azure its conditional create of the next ``_delta_log`` entry
+(If-None-Match: *) makes concurrent commits safe.
+
+Where the table lives decides how a data file is written (none needs an atomic rename or hard link: a
+data file is invisible until a Delta commit names it, and what must not be seen half-written is kept
+out of the store's namespace until whole): locally a file fsynced at prepare_commit; on S3 a multipart
+upload completed at prepare_commit (:mod:`twophase.sinks._s3`); on Azure a block blob whose blocks are
+staged while the task writes and committed with one Put Block List at prepare_commit
+(:mod:`twophase.sinks._azure`). Paths on Azure: ``abfss://container@account.dfs.core.windows.net/t``,
+``abfs://``, ``wasbs://container@account.blob.core.windows.net/t`` or ``az://container/t``, all kept as
+the ``abfss://`` form (one table, one default sink id).
 
 Layout::
 
@@ -69,6 +80,7 @@ from twophase.sinks._filelike import FileLikeWriter
 from twophase.sinks._formats import ParquetFormatWriter
 from twophase.sinks._filelike import check_partition_columns
 from twophase.sinks._s3 import MultipartStream, abort_lingering_uploads, check_bucket, complete_upload, multipart_etag
+from twophase.sinks._azure import AzureFiles, check_container
 from twophase.naming import internal_rel, own_part_checkpoint
 from twophase import faults
 from twophase._logging import get_logger
@@ -76,7 +88,8 @@ from twophase._redact import safe_repr
 from twophase.errors import ConstraintViolationError, ConfigurationError, MissingDependencyError, TransientSinkError, TwoPhaseError
 from twophase.log import TransactionLog
 from twophase.log_store import fsync_dir, makedirs_durable
-from twophase.log_s3 import S3_CLIENT_OPTIONS, S3Config, error_code, open_log_store, parse_s3_url, s3_config_from
+from twophase.log_s3 import S3_CLIENT_OPTIONS, S3_SCHEMES, S3Config, error_code, open_log_store, parse_s3_url, s3_config_from
+from twophase.log_azure import (AZURE_CLIENT_OPTIONS, AzureConfig, azure_config_from, is_azure_url, parse_azure_url)
 from twophase.options import Option, parse_bool, parse_choice, parse_list, parse_options, parse_size
 from twophase.sink import (Committable, CommitResult, CommitStatus, Guarantee, SinkCommitter, SinkSpec,
                            TransactionContext, sink_token)
@@ -90,14 +103,17 @@ WATERMARK = "delta_orphans_scanned.json"
 FULL_SWEEP_EVERY = 50
 
 DELTA_OPTIONS: tuple[Option[Any], ...] = (
-    Option("path", str, required=True, help="the table: a local directory or s3://bucket/prefix"),
+    Option("path", str, required=True, help="the table: a local directory, s3://bucket/prefix or "
+           "abfss://container@account.dfs.core.windows.net/prefix (also abfs://, wasbs://, az://container/prefix)"),
     Option("partitionBy", parse_list, (), help="comma-separated partition columns (Spark's partitionBy() does not "
            "reach Python sinks; use this option)"),
     Option("mergeSchema", parse_bool, False, help="add new columns of the stream to the table's schema"),
     Option("targetFileSize", parse_size, 128 << 20, help="roll to a new data file past this many bytes (e.g. 128m)"),
-    Option("partSize", parse_size, 5 << 20, help="multipart part size for tables on S3, at least 5m (the default)"),
+    Option("partSize", parse_size, 5 << 20, help="multipart part size for tables on S3 (at least 5m, the default), "
+           "block size on Azure"),
     Option("compression", parse_choice("snappy", "zstd", "gzip", "none"), "snappy", help="Parquet compression"),
     *S3_CLIENT_OPTIONS,
+    *AZURE_CLIENT_OPTIONS,
 )
 
 
@@ -125,6 +141,24 @@ def delta_storage_options(config: S3Config) -> dict[str, str]:
     return out
 
 
+def delta_azure_storage_options(config: AzureConfig) -> dict[str, str]:
+    """A resolved :class:`AzureConfig` as deltalake (object_store) storage options. The endpoint is passed
+    only when it is not the account's default (Azurite, a private endpoint), with ``allow_http`` for
+    http://. (object_store's ``use_emulator`` is not used: it sends every request to 127.0.0.1:10000.)
+    delta-rs commits on Azure with a conditional create (If-None-Match: *), no locking service needed."""
+    out: dict[str, str] = {"account_name": str(config.account_name)}
+    if config.account_key:
+        out["account_key"] = config.account_key
+    elif config.sas_token:
+        out["sas_token"] = config.sas_token
+    endpoint = str(config.endpoint)
+    if endpoint != f"https://{config.account_name}.blob.core.windows.net":
+        out["endpoint"] = endpoint
+        if endpoint.startswith("http://"):
+            out["allow_http"] = "true"
+    return out
+
+
 def _deltalake() -> Any:
     from twophase._versions import require
     require("deltalake", what="twophase-delta")
@@ -147,6 +181,8 @@ class DeltaSinkOptions:
     part_size: int = 5 << 20
     compression: str = "snappy"
     s3: S3Config = field(default_factory=S3Config)
+    #: the table's account, resolved (options, environment, URL) when the table is on Azure, else None
+    azure: Optional[AzureConfig] = None
     storage: Mapping[str, str] = field(default_factory=dict)
     schema: Optional[pa.Schema] = None
     sink_id: Optional[str] = None
@@ -159,13 +195,28 @@ class DeltaSinkOptions:
     def on_s3(self) -> bool:
         return self.uri.split("://", 1)[0].lower() in ("s3", "s3a") and "://" in self.uri
 
+    @property
+    def on_azure(self) -> bool:
+        return is_azure_url(self.uri)
+
     @classmethod
     def from_options(cls, raw: Mapping[str, Any], schema: Optional[pa.Schema] = None) -> "DeltaSinkOptions":
         """Parse Spark's string options; ``schema`` is the stream's Arrow schema (checked at start)."""
         o = parse_options(raw, DELTA_OPTIONS, sink="twophase-delta", prefixes=("storage.",))
         path = str(o["path"])
-        if "://" in path and not path.startswith("file://"):
-            parse_s3_url(path)  # only local paths and S3 are supported
+        azure: Optional[AzureConfig] = None
+        if is_azure_url(path):
+            url = parse_azure_url(path)
+            azure = azure_config_from(o).resolve(url, option="path")
+            uri = url.canonical(str(azure.account_name)).rstrip("/")
+        elif "://" in path and not path.startswith("file://"):
+            scheme = path.split("://", 1)[0].lower()
+            if scheme not in S3_SCHEMES:
+                raise ConfigurationError(
+                    f"twophase-delta: option 'path'={path!r}: {scheme}:// is not supported; a table is a local path, "
+                    "s3://bucket/prefix, or on Azure abfss://container@account.dfs.core.windows.net/prefix "
+                    "(abfs://, wasbs://, az://container/prefix)")
+            parse_s3_url(path)
             uri = path.rstrip("/")
         else:
             uri = os.path.abspath(os.path.expanduser(path.removeprefix("file://")))
@@ -177,14 +228,16 @@ class DeltaSinkOptions:
                                      "already transactional; use deltalake directly for unchecked appends)")
         opts = cls(uri=uri, partition_by=o["partitionBy"], merge_schema=o["mergeSchema"],
                    target_file_size=o["targetFileSize"], part_size=o["partSize"], compression=o["compression"],
-                   s3=s3_config_from(o), storage=storage, schema=schema, sink_id=o["sink.id"],
+                   s3=s3_config_from(o), azure=azure, storage=storage, schema=schema, sink_id=o["sink.id"],
                    log_location=o["log.location"], log_retain=o["log.retain"], owner=o["checkpointlocation"])
         check_partition_columns("twophase-delta", opts.partition_by, schema)
         return opts
 
     def storage_options(self) -> Optional[dict[str, str]]:
-        """deltalake storage options: S3 settings from the ``s3.*`` options / environment, then ``storage.*``."""
-        out = delta_storage_options(self.s3) if self.on_s3 else {}
+        """deltalake storage options: S3 settings from the ``s3.*`` options / environment, or the Azure account's
+        (``azure.*`` options / environment), then ``storage.*``."""
+        out = (delta_storage_options(self.s3) if self.on_s3 else
+               delta_azure_storage_options(self.azure) if self.azure is not None else {})
         out.update(self.storage)
         return out or None
 
@@ -554,8 +607,14 @@ class DeltaSink(SinkSpec[DeltaCommittable]):
         #: what the table requires of every row (NOT NULL, CHECK, generated columns); read with the table's
         #: schema on the driver, else by the first writer (None: not read yet)
         self.checks: Optional[TableChecks] = None
-        self.files: Any = (_S3Files(options.uri, options.s3, options.part_size) if options.on_s3
-                           else _LocalFiles(options.uri))
+        self.files: Any
+        if options.on_s3:
+            self.files = _S3Files(options.uri, options.s3, options.part_size)
+        elif options.azure is not None:
+            url = parse_azure_url(options.uri)
+            self.files = AzureFiles(options.azure, url.container, url.prefix, options.part_size)
+        else:
+            self.files = _LocalFiles(options.uri)
 
     @classmethod
     def from_options(cls, raw: Mapping[str, Any], schema: Optional[pa.Schema] = None) -> "DeltaSink":
@@ -594,10 +653,13 @@ class DeltaSink(SinkSpec[DeltaCommittable]):
     # ---- driver-side set-up (invariant 5)
 
     def validate_destination(self) -> None:
-        """Check the bucket, then create the table or check the stream's schema against it."""
+        """Check the bucket or container, then create the table or check the stream's schema against it."""
         if self.options.on_s3:
             check_bucket(self.files.client, self.files.bucket, sink="twophase-delta", url=self.uri,
                          config=self.files.config)
+        elif self.options.azure is not None:
+            check_container(self.options.azure, self.files.container_name, self.files.prefix, sink="twophase-delta",
+                            url=self.uri)
         else:
             try:
                 makedirs_durable(self.uri)
@@ -655,7 +717,8 @@ class DeltaSink(SinkSpec[DeltaCommittable]):
 
     def transaction_log(self) -> TransactionLog:
         loc = self.options.log_location or f"{self.uri}/{internal_rel(self.sink_id)}/log"
-        return TransactionLog(open_log_store(loc, self.options.s3), self.sink_id, retain=self.options.log_retain)
+        return TransactionLog(open_log_store(loc, self.options.s3, self.options.azure), self.sink_id,
+                              retain=self.options.log_retain)
 
     def create_writer(self, context: TransactionContext) -> "DeltaWriter":
         return DeltaWriter(self, context)

@@ -86,7 +86,11 @@ class FileSinkOptions:
         scheme = raw_path.split("://", 1)[0].lower() if "://" in raw_path else ""
         if scheme and scheme != "file":
             where = ("use format twophase-s3 (same options) for S3" if scheme in ("s3", "s3a", "s3n") else
-                     f"{scheme}:// is not supported; mount the store (gcsfuse, blobfuse2, an HDFS NFS gateway) on "
+                     f"{scheme}:// is not supported by twophase-file yet; on Azure use format twophase-delta with this "
+                     "path (Delta tables on abfss://, az://, wasbs:// are supported: staged blocks, one Put Block "
+                     "List per file, one Delta commit per batch), or mount the container (blobfuse2) on every node"
+                     if scheme in ("abfss", "abfs", "az", "wasbs", "wasb") else
+                     f"{scheme}:// is not supported; mount the store (gcsfuse, an HDFS NFS gateway) on "
                      "every node and give the mount path, or use twophase-s3 / twophase-delta")
             raise ConfigurationError(f"twophase-file: option 'path'={raw_path!r} is a {scheme}:// URL, but twophase-file "
                                      "writes to a local or shared mounted filesystem (hard links make its commit "

@@ -39,7 +39,8 @@ class FileHarness(SinkHarness):
 
 
 class DeltaHarness(SinkHarness):
-    """Delta on a local path, or on S3 with ``options`` (the sink's ``s3.*``) and ``storage`` (delta-rs')."""
+    """Delta on a local path, or on S3 / Azure with ``options`` (the sink's ``s3.*`` / ``azure.*``) and
+    ``storage`` (delta-rs'). Leftovers on Azure include names with only staged blocks (``list_data``)."""
 
     name = "delta"
 

@@ -135,7 +135,7 @@ def test_s3_log_inv2_put_if_absent_is_one_conditional_put_exactly_one_winner():
     """Eight writers race for one name through a fake S3 that enforces If-None-Match. Fails if more
     or fewer than one gets True, if the loser's bytes replace the winner's, or if put_if_absent does
     anything but one PutObject with ``IfNoneMatch='*'`` (e.g. a HEAD then an unconditional PUT, which
-    is racy). The real server race is ``integration/s3/test_s3_sink.py::test_s3_log_inv1_inv2_put_and_put_if_absent``."""
+    is racy). The real server race is ``integration/test_log_stores.py::test_object_log_inv1_inv2_put_replaces_and_put_if_absent_has_one_winner``."""
     fake = _FakeS3()
     store = S3LogStore("s3://b/log")
     store._client = fake

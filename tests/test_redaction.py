@@ -40,7 +40,10 @@ JAAS_PW = "JAASPW-correct-horse"
 SSL_PW = "SSLPW-keystore-pass"
 STORAGE_SECRET = "STORAGESECRET-delta-object-store"
 URL_PW = "URLPW-in-a-checkpoint-url"
-SECRETS = (S3_SECRET, S3_TOKEN, SASL_PW, JAAS_PW, SSL_PW, STORAGE_SECRET, URL_PW)
+AZURE_KEY = "QVpVUkVLRVktc2hhcmVkLWtleS1vZi10aGUtYWNjb3VudA=="
+AZURE_SIG = "AZURESIG-c2lnbmF0dXJlLW9mLXRoZS1zYXM%3D"
+AZURE_SAS = f"sv=2022-11-02&ss=b&srt=co&sp=rwdl&se=2030-01-01&sig={AZURE_SIG}"
+SECRETS = (S3_SECRET, S3_TOKEN, SASL_PW, JAAS_PW, SSL_PW, STORAGE_SECRET, URL_PW, AZURE_KEY, AZURE_SIG)
 
 S3_CREDS = {"s3.endpoint": "http://127.0.0.1:1", "s3.accessKeyId": "AKIDEXAMPLE", "s3.secretAccessKey": S3_SECRET,
             "s3.sessionToken": S3_TOKEN}
@@ -401,3 +404,55 @@ def test_log_inspect_masks_secrets_even_when_a_record_holds_them(tmp_path, capsy
     table = capsys.readouterr().out
     assert_no_secret(table, "inspect table")
     assert "broker refused" in table and "LOST" in table
+
+
+# --------------------------------------------------------------------------- Azure: keys, SAS tokens, connection strings
+
+
+def test_azure_key_sas_and_connection_string_never_in_reprs_errors_or_storage_option_text(monkeypatch):
+    from twophase.log_azure import AzureConfig, parse_azure_url
+    from twophase.sinks.delta import DeltaSinkOptions
+    for name in ("AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_SAS_TOKEN", "AZURE_STORAGE_ACCOUNT_NAME"):
+        monkeypatch.delenv(name, raising=False)
+    conn = f"DefaultEndpointsProtocol=https;AccountName=acct;AccountKey={AZURE_KEY};EndpointSuffix=core.windows.net"
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", conn)
+    keyed = DeltaSinkOptions.from_options({"path": "abfss://c@acct.dfs.core.windows.net/t"}, DELTA_SCHEMA)
+    assert keyed.azure.account_key == AZURE_KEY  # from the connection string
+    sas = DeltaSinkOptions.from_options({"path": "az://c/t", "azure.accountName": "other", "azure.sasToken": AZURE_SAS},
+                                        DELTA_SCHEMA)
+    cfg = AzureConfig(connection_string=conn)
+    assert_no_secret(texts(keyed, sas, keyed.azure, sas.azure, cfg, DeltaSink(keyed), DeltaSink(sas)), "reprs")
+    assert_no_secret(redact_mapping(keyed.storage_options() or {}), "storage options, redacted")
+    assert_no_secret(redact_mapping(sas.storage_options() or {}), "storage options, redacted")
+    url = f"https://acct.blob.core.windows.net/c/t/x.parquet?{AZURE_SAS}"
+    assert_no_secret(redact_text(f"GET {url} failed; {conn}"), "text")
+    assert_no_secret(keyed.azure.error_text(RuntimeError(f"auth failed for {AZURE_KEY} at {url}")), "client error")
+    assert_no_secret(sas.azure.error_text(RuntimeError(f"bad token {AZURE_SAS}")), "client error")
+    assert is_secret_name("AZURE_STORAGE_CONNECTION_STRING") and is_secret_name("azure.sasToken") \
+        and is_secret_name("azure.accountKey") and is_secret_name("account_key") and not is_secret_name("azure.accountName")
+    with pytest.raises(ConfigurationError) as e:
+        DeltaSinkOptions.from_options({"path": "abfss://c@acct.dfs.core.windows.net/t", "azure.accountKey": AZURE_KEY,
+                                       "azure.sasToken": AZURE_SAS})
+    assert_no_secret(str(e.value), "error")
+    with pytest.raises(ConfigurationError) as e:
+        AzureConfig().resolve(parse_azure_url("abfss://c@elsewhere.dfs.core.windows.net/t"))
+    assert_no_secret(str(e.value), "error")
+
+
+def test_azure_log_records_and_logs_of_a_sink_on_azure_carry_no_secret(tmp_path, caplog):
+    """The log of a Delta sink on Azure kept locally (log.location): its records, its owner and the log lines
+    of the sink's set-up carry neither the key nor the SAS."""
+    from twophase.sinks.delta import DeltaSinkOptions
+    caplog.set_level(logging.DEBUG)
+    opts = DeltaSinkOptions.from_options({"path": "az://c/t", "azure.accountName": "acct", "azure.accountKey": AZURE_KEY,
+                                          "log.location": str(tmp_path / "log"), "checkpointLocation": "/ck"},
+                                         DELTA_SCHEMA)
+    sink = DeltaSink(opts)
+    log = sink.transaction_log()
+    log.claim("/ck")
+    log.transition(0, CheckpointState.PENDING)
+    get_logger("twophase.test").info("sink_built", sink=repr(sink.options), options=redact_mapping(
+        {"azure.accountKey": AZURE_KEY, "azure.sasToken": AZURE_SAS}))
+    for path, data in all_bytes_under(str(tmp_path / "log")):
+        assert_no_secret(data, path)
+    assert_no_secret(caplog.text, "log output")

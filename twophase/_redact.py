@@ -1,6 +1,7 @@
 """Secrets never leave the process in text: the one place that decides what is secret and masks it.
 
-Secrets (S3 keys, SASL / SSL passwords, session tokens, JAAS configs) must appear in no log line,
+Secrets (S3 keys, Azure account keys, SAS tokens and connection strings, SASL / SSL passwords, session
+tokens, JAAS configs) must appear in no log line,
 error message, ``repr``, transaction log record or ``twophase log inspect`` output. Everything that
 turns options or configuration into text goes through this module:
 
@@ -33,7 +34,7 @@ MASK = "***"
 
 #: a name containing one of these (after lower-casing and dropping ``.``, ``_``, ``-``) is secret
 SECRET_WORDS = ("password", "passwd", "secret", "token", "jaas", "credential", "privatekey", "accountkey",
-                "sharedkey", "apikey", "signature", "sastoken")
+                "sharedkey", "apikey", "signature", "sastoken", "connectionstring")
 
 #: names that contain a secret word but are not secrets (normalised like :data:`SECRET_WORDS`)
 NOT_SECRET = frozenset({
@@ -59,6 +60,8 @@ _WORD_RE = "|".join("[._-]?".join(map(re.escape, w)) for w in SECRET_WORDS)
 _KEY_VALUE = re.compile(
     rf"""(?P<key>[A-Za-z0-9_.\-]*(?:{_WORD_RE})[A-Za-z0-9_.\-]*)(?P<q>["']?)(?P<sep>\s*[=:]\s*)"""
     r"""(?P<value>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|[^\s;,&"'}\]]+)""", re.IGNORECASE)
+# the signature of an Azure SAS token in a URL's query or a bare token (``sv=...&sig=<base64>``)
+_SAS_SIG = re.compile(r"(?P<pre>(?:^|[?&;\s\"'])sig=)(?P<sig>[^&\s;\"']+)", re.IGNORECASE)
 # scheme://user:password@host (the password may contain '/': AWS secret keys do)
 _URL_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^/\s:@]*):(?P<pw>[^\s@]+)@")
 
@@ -73,10 +76,13 @@ def _mask_key_value(m: re.Match[str]) -> str:
 
 def redact_text(text: str) -> str:
     """``text`` with secrets embedded in it masked: ``password="..."`` (JAAS), ``secret=...``/``token=...``
-    pairs (query strings, config text) and the password of ``scheme://user:password@host`` URLs."""
+    pairs (query strings, config text), ``AccountKey=...`` / ``SharedAccessSignature=...`` of Azure
+    connection strings, the ``sig=`` of Azure SAS tokens and the password of ``scheme://user:password@host``
+    URLs."""
     if not text:
         return text
     out = _URL_USERINFO.sub(lambda m: f"{m.group('scheme')}{m.group('user')}:{MASK}@", text)
+    out = _SAS_SIG.sub(lambda m: f"{m.group('pre')}{MASK}", out)
     return _KEY_VALUE.sub(_mask_key_value, out)
 
 

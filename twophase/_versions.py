@@ -13,6 +13,7 @@ AttributeError at the first batch. The floors match ``pyproject.toml`` (a test c
 | confluent-kafka | >= 2.4 | the executors' producer and consumer (statistics with ``eos``, OIDC) |
 | deltalake | >= 1.0 | ``DeltaTable.transaction_version`` (idempotent commits by application id) |
 | boto3 | >= 1.34 | conditional writes (``IfNoneMatch``) for the log on S3 |
+| azure-storage-blob | >= 12.19 | conditional Put Blob / Put Block List (``match_condition``), listing uncommitted blobs |
 | datafusion | >= 40 | a Delta table's CHECK constraints and generated columns, evaluated as delta-rs does |
 """
 
@@ -34,6 +35,7 @@ REQUIREMENTS: dict[str, tuple[str, Optional[str], str]] = {
     "deltalake": ("1.0", None, "delta"),
     "boto3": ("1.34", None, "s3"),
     "datafusion": ("40", None, "delta"),
+    "azure-storage-blob": ("12.19", None, "azure"),
     "aws-msk-iam-sasl-signer-python": ("1.0", None, "msk"),
 }
 
@@ -53,6 +55,7 @@ def _key(version: str) -> tuple[int, ...]:
 #: PYTHONPATH, a vendored copy): the module's ``__version__`` is used then
 MODULES = {"pyspark": "pyspark", "kafka-python": "kafka", "confluent-kafka": "confluent_kafka",
            "deltalake": "deltalake", "boto3": "boto3", "datafusion": "datafusion",
+           "azure-storage-blob": "azure.storage.blob",
            "aws-msk-iam-sasl-signer-python": "aws_msk_iam_sasl_signer"}
 
 

@@ -6,29 +6,21 @@ of twophase shares: :class:`S3Config` (endpoint, region, credentials; anything n
 boto3's usual environment: ``AWS_ENDPOINT_URL``, ``AWS_DEFAULT_REGION``, ``AWS_ACCESS_KEY_ID``,
 ``AWS_PROFILE``, instance roles...) and :func:`parse_s3_url`.
 
-Invariants of the store (``test_s3_log_invN_*``):
+The store keeps the invariants of every object-store log (:class:`~twophase.log_store.ObjectLogStore`,
+``test_object_log_invN_*``, raced against the real S3 server) with these requests:
 
-1. ``put`` is one PutObject: S3 replaces an object atomically, readers see the old or the new bytes.
-2. ``put_if_absent`` is one PutObject with ``If-None-Match: *``: of two writers racing for a name,
-   exactly one gets True (S3 answers the other 412 PreconditionFailed).
-3. ``put_if_version`` is one PutObject with ``If-Match: <ETag read>`` (``If-None-Match: *`` for a new
-   record): of two drivers that read the same record, the second write gets 412 and nothing is
-   replaced (log invariant 7). A server that ignores If-Match would make this unsafe, so the tests run
-   the race against the real server.
-4. ``lock`` serialises mutations of processes on this machine (an flock keyed by the location), which
-   is what Spark's planner and commit workers need; writers on other machines are kept apart by the
-   log's ownership record (put-if-absent), not by this lock.
-5. ``list_versioned`` reports each object's ETag as the listing saw it (S3 lists are strongly
-   consistent): a record whose listed ETag equals the one this process put or read has those bytes,
-   so the log reads it from memory instead of a GetObject (log invariant 9).
+- ``put``: one PutObject (S3 replaces an object atomically).
+- ``put_if_absent``: one PutObject with ``If-None-Match: *``; the loser gets 412 PreconditionFailed.
+- ``put_if_version``: one PutObject with ``If-Match: <ETag read>`` (``If-None-Match: *`` for a new
+  record); the ETag's form (quoted for AWS, bare for radosgw 16) is learned once per endpoint
+  (``tests/test_s3_requests.py``).
+- ``lock``: the shared flock keyed by the location.
+- ``list_versioned``: ListObjectsV2 with each object's ETag (S3 lists are strongly consistent).
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import os
-import tempfile
 import threading
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Optional
@@ -37,7 +29,7 @@ from twophase._logging import get_logger
 from twophase._redact import safe_repr
 from twophase.errors import ConfigurationError, MissingDependencyError, TransientSinkError
 from twophase.options import Option, parse_duration_ms
-from twophase.log_store import LogStore, ReentrantFileLock, open_store, register_store
+from twophase.log_store import LogStore, ObjectLogStore, open_store, register_store
 
 _log = get_logger(__name__)
 
@@ -174,50 +166,28 @@ def http_status(e: BaseException) -> int:
 _UNQUOTED_IF_MATCH: dict[str, bool] = {}
 
 
-class S3LogStore(LogStore):
-    """A :class:`LogStore` under ``s3://bucket/prefix`` (see module invariants)."""
+class S3LogStore(ObjectLogStore):
+    """A :class:`~twophase.log_store.ObjectLogStore` under ``s3://bucket/prefix`` (see module doc)."""
 
-    lists_versions = True  # invariant 5
-    remote = True
+    kind = "s3"
+    display = "S3"
 
     def __init__(self, location: str, config: Optional[S3Config] = None) -> None:
         self.bucket, self.prefix = parse_s3_url(location, option="log.location")
-        self.config = config or S3Config()
-        self._client: Any = None
-        self._endpoint = self.config.resolved_endpoint() or ""  # the key of _UNQUOTED_IF_MATCH
+        config = config or S3Config()
+        self._endpoint = config.resolved_endpoint() or ""  # the key of _UNQUOTED_IF_MATCH
         self._unquoted_if_match = _UNQUOTED_IF_MATCH.get(self._endpoint, False)
-        digest = hashlib.sha256(self.location.encode()).hexdigest()[:24]
-        self._lock = ReentrantFileLock(os.path.join(tempfile.gettempdir(), "twophase-locks", f"s3-{digest}.lock"))
+        super().__init__(config)
 
     @property
     def location(self) -> str:
         return f"s3://{self.bucket}/{self.prefix}"
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"location": self.location, "config": self.config}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["location"], state["config"])
 
     @property
     def client(self) -> Any:
         if self._client is None:
             self._client = self.config.client()
         return self._client
-
-    def _key(self, name: str) -> str:
-        return f"{self.prefix}/{name}" if self.prefix else name
-
-    def _fail(self, what: str, name: str, e: Exception) -> TransientSinkError:
-        return TransientSinkError(f"S3 transaction log {self.location}: cannot {what} {name!r}: {e}")
-
-    def get(self, name: str) -> Optional[bytes]:
-        try:
-            return self.client.get_object(Bucket=self.bucket, Key=self._key(name))["Body"].read()
-        except Exception as e:
-            if error_code(e) in ("NoSuchKey", "404", "NotFound"):
-                return None
-            raise self._fail("read", name, e) from e
 
     def get_versioned(self, name: str) -> tuple[Optional[bytes], Optional[str]]:
         try:
@@ -228,7 +198,7 @@ class S3LogStore(LogStore):
                 return None, None
             raise self._fail("read", name, e) from e
 
-    def put_if_version(self, name: str, data: bytes, version: Optional[str]) -> Optional[str]:  # invariant 3
+    def put_if_version(self, name: str, data: bytes, version: Optional[str]) -> Optional[str]:  # invariants 2, 3
         """If-Match takes the quoted ETag (RFC 7232, AWS); radosgw 16 compares it unquoted. A 412 whose
         object still has ``version`` (a HEAD) switches to the other form and asks once more; the form that
         worked is kept for the endpoint in this process (:data:`_UNQUOTED_IF_MATCH`)."""
@@ -270,24 +240,10 @@ class S3LogStore(LogStore):
         except Exception as e:
             raise self._fail("write", name, e) from e
 
-    def put_if_absent(self, name: str, data: bytes) -> bool:  # invariant 2
-        return self.put_if_version(name, data, None) is not None
-
-    def list(self, prefix: str) -> list[str]:
-        return [name for name, _ in self.list_versioned(prefix)]
-
-    def list_versioned(self, prefix: str) -> list[tuple[str, Optional[str]]]:  # invariant 5
-        """One ListObjectsV2 (a page per 1000 names): each name with the ETag the listing reports."""
-        folder = prefix if not prefix or prefix.endswith("/") else prefix + "/"
-        base = f"{self.prefix}/{folder}" if self.prefix else folder
-        strip = len(self.prefix) + 1 if self.prefix else 0
-        names: list[tuple[str, Optional[str]]] = []
-        try:
-            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base):
-                names.extend((o["Key"][strip:], o.get("ETag")) for o in page.get("Contents", ()))
-        except Exception as e:
-            raise self._fail("list", prefix, e) from e
-        return sorted(names)
+    def _list(self, key_prefix: str) -> Iterator[tuple[str, Optional[str]]]:  # invariant 5
+        """ListObjectsV2, a page per 1000 names: each key with the ETag the listing reports."""
+        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=key_prefix):
+            yield from ((o["Key"], o.get("ETag")) for o in page.get("Contents", ()))
 
     def delete(self, name: str) -> None:
         try:
@@ -296,23 +252,16 @@ class S3LogStore(LogStore):
             if error_code(e) not in ("NoSuchKey", "404"):
                 raise self._fail("delete", name, e) from e
 
-    @contextlib.contextmanager
-    def lock(self) -> Iterator[None]:
-        """Invariant 3: an flock keyed by this location, re-entrant within a thread."""
-        with self._lock.hold():
-            yield
+
+def open_log_store(location: str, *configs: Any) -> LogStore:
+    """The log store for ``location`` with the client configs the caller has (an :class:`S3Config`, an
+    ``AzureConfig``...; None ignored): :func:`twophase.log_store.open_store`, here for the sinks that
+    import it from this module."""
+    return open_store(location, *[c for c in configs if c is not None])
 
 
-def open_log_store(location: str, config: Optional[S3Config] = None) -> LogStore:
-    """The log store for ``location``: on S3 (``s3://``, ``s3a://``) with ``config``'s endpoint and
-    credentials, anywhere else through :func:`twophase.log.open_store`."""
-    if "://" in location and location.split("://", 1)[0].lower() in ("s3", "s3a"):
-        return S3LogStore(location, config)
-    return open_store(location)
-
-
-def _factory(location: str) -> S3LogStore:
-    return S3LogStore(location)
+def _factory(location: str, *configs: Any) -> S3LogStore:
+    return S3LogStore(location, next((c for c in configs if isinstance(c, S3Config)), None))
 
 
 for _scheme in S3_SCHEMES:

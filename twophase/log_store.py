@@ -2,9 +2,11 @@
 
 A store keeps small named objects (``owner.json``, ``checkpoints/<id>.json``) with put-if-absent and
 compare-and-swap (:meth:`LogStore.put_if_version`); :mod:`twophase.log` builds the transaction log on
-it. The local store is here; the S3 store (:mod:`twophase.log_s3`) registers itself for ``s3://`` and
-``s3a://`` when a location first needs it. This module imports neither :mod:`twophase.log` nor any
-store: the log depends on the stores, never the other way round.
+it. The local store is here, and :class:`ObjectLogStore`, what the stores on object stores share; the
+S3 store (:mod:`twophase.log_s3`) registers itself for ``s3://`` and ``s3a://``, the Azure Blob store
+(:mod:`twophase.log_azure`) for ``abfss://``, ``abfs://``, ``az://``, ``wasbs://``, each when a location
+first needs it. This module imports neither :mod:`twophase.log` nor any store: the log depends on the
+stores, never the other way round.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ import fcntl
 import hashlib
 import importlib
 import os
+import tempfile
 import threading
 import time
 import uuid
-from typing import Any, Iterator, Optional
+from typing import Any, ClassVar, Iterable, Iterator, Optional
 
 from twophase._logging import get_logger
 from twophase.errors import ConfigurationError, TransientSinkError
@@ -115,6 +118,95 @@ class LogStore(abc.ABC):
     def lock(self) -> Iterator[None]:
         """Serialise mutations from processes on this machine; a no-op where the store cannot."""
         yield
+
+
+class ObjectLogStore(LogStore):
+    """A log store on an object store (S3, Azure Blob): what the stores there share.
+
+    A subclass gives the location (``location``, ``prefix``), one request per operation (``get_versioned``,
+    ``put``, ``put_if_version``, ``delete``, ``_list``) and how its client's errors read (``_error_text``).
+    Pickles carry the location and the config (secrets included, for executors); the client is made
+    lazily in each process.
+
+    Invariants of every object-store log (``test_object_log_invN_*``, each run against the real server of
+    every store: S3 and Azure Blob):
+
+    1. ``put`` is one request that replaces the object atomically: readers see the old or the new bytes.
+    2. ``put_if_absent`` is one conditional create (``If-None-Match: *``): of writers racing for a name,
+       exactly one gets True.
+    3. ``put_if_version`` is one conditional write (``If-Match: <version read>``; ``If-None-Match: *`` for
+       a new record): of two drivers that read the same record, the second write is refused and nothing
+       is replaced (log invariant 7). A server that ignored the condition would make this unsafe, so the
+       tests race real servers.
+    4. ``lock`` serialises mutations of processes on this machine (an flock keyed by the location), which
+       is what Spark's planner and commit workers need; writers on other machines are kept apart by the
+       log's ownership record (put-if-absent), not by this lock.
+    5. ``list_versioned`` reports each object's version (ETag) as the listing saw it, in the form
+       ``get_versioned`` and ``put_if_version`` give: a record whose listed version equals the one this
+       process put or read has those bytes, so the log reads it from memory (log invariant 9).
+    """
+
+    lists_versions = True  # invariant 5
+    remote = True
+    #: short name of the store, for its lock file and messages ("s3", "azure")
+    kind: ClassVar[str] = "object"
+    #: how the store is named in messages
+    display: ClassVar[str] = "object store"
+
+    def __init__(self, config: Any) -> None:
+        self.config = config
+        self._client: Any = None
+        digest = hashlib.sha256(self.location.encode()).hexdigest()[:24]
+        self._lock = ReentrantFileLock(os.path.join(tempfile.gettempdir(), "twophase-locks", f"{self.kind}-{digest}.lock"))
+
+    #: the key prefix of the log's objects ('' at the root of the bucket or container)
+    prefix: str = ""
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"location": self.location, "config": self.config}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["location"], state["config"])  # type: ignore[misc]
+
+    def _key(self, name: str) -> str:
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+    def _error_text(self, e: BaseException) -> str:
+        """``str(e)`` as it may be shown (a subclass masks its credentials)."""
+        return str(e)
+
+    def _fail(self, what: str, name: str, e: BaseException) -> TransientSinkError:
+        return TransientSinkError(f"{self.display} transaction log {self.location}: cannot {what} {name!r}: "
+                                  f"{self._error_text(e)}")
+
+    def get(self, name: str) -> Optional[bytes]:
+        return self.get_versioned(name)[0]
+
+    def put_if_absent(self, name: str, data: bytes) -> bool:  # invariant 2
+        return self.put_if_version(name, data, None) is not None
+
+    @abc.abstractmethod
+    def _list(self, key_prefix: str) -> Iterable[tuple[str, Optional[str]]]:
+        """``(key, version)`` of every object whose key starts with ``key_prefix`` (all pages)."""
+
+    def list(self, prefix: str) -> list[str]:
+        return [name for name, _ in self.list_versioned(prefix)]
+
+    def list_versioned(self, prefix: str) -> list[tuple[str, Optional[str]]]:  # invariant 5
+        """One listing (a request per page): each name with the version the listing reports."""
+        folder = prefix if not prefix or prefix.endswith("/") else prefix + "/"
+        base = f"{self.prefix}/{folder}" if self.prefix else folder
+        strip = len(self.prefix) + 1 if self.prefix else 0
+        try:
+            return sorted((key[strip:], version) for key, version in self._list(base))
+        except Exception as e:
+            raise self._fail("list", prefix, e) from e
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """Invariant 4: an flock keyed by this location, re-entrant within a thread."""
+        with self._lock.hold():
+            yield
 
 
 class LocalLogStore(LogStore):
@@ -298,8 +390,10 @@ def fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
-def open_store(location: str) -> LogStore:
-    """A :class:`LogStore` for ``location``: a local path now; ``s3://`` once an S3 store is registered."""
+def open_store(location: str, *configs: Any) -> LogStore:
+    """A :class:`LogStore` for ``location``: a local path, or a URL of a registered store (``s3://``,
+    ``abfss://``...). ``configs`` are the client configs the caller has (an ``S3Config``, an
+    ``AzureConfig``...): each store takes the one of its own type, else its environment's defaults."""
     if "://" in location and not location.startswith("file://"):
         scheme = location.split("://", 1)[0]
         factory = _STORE_FACTORIES.get(scheme)
@@ -310,15 +404,17 @@ def open_store(location: str) -> LogStore:
             raise ConfigurationError(
                 f"no transaction log store for {scheme}:// locations (log location {location!r}); "
                 f"known: file paths{', ' + ', '.join(s + '://' for s in _STORE_FACTORIES) if _STORE_FACTORIES else ''}")
-        return factory(location)
+        return factory(location, *configs)
     return LocalLogStore(location[len("file://"):] if location.startswith("file://") else location)
 
 
 _STORE_FACTORIES: dict[str, Any] = {}
 #: store modules loaded on first use of their scheme (each calls :func:`register_store` when imported)
-_LAZY_STORES = {"s3": "twophase.log_s3", "s3a": "twophase.log_s3"}
+_LAZY_STORES = {"s3": "twophase.log_s3", "s3a": "twophase.log_s3", "abfss": "twophase.log_azure",
+                "abfs": "twophase.log_azure", "az": "twophase.log_azure", "wasbs": "twophase.log_azure"}
 
 
 def register_store(scheme: str, factory: Any) -> None:
-    """Let ``open_store`` build stores for ``scheme://`` locations (the S3 store registers here)."""
+    """Let ``open_store`` build stores for ``scheme://`` locations: ``factory(location, *configs)`` (the S3
+    and Azure stores register here)."""
     _STORE_FACTORIES[scheme] = factory

@@ -1,4 +1,5 @@
-"""The S3 sink's and S3 log store's invariants against the real S3 server, driven without Spark."""
+"""The S3 sink's invariants against the real S3 server, driven without Spark (the S3 log store's are in
+``integration/test_log_stores.py``, run on every object store)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,8 @@ from twophase.naming import own_part_checkpoint
 from twophase.sinks._s3 import complete_upload
 from twophase.sinks.s3 import S3Sink
 from twophase.coordinator import CheckpointCoordinator
-from twophase.errors import ConcurrentWriterError, DataLossError
-from twophase.log import TransactionLog
-from twophase.log_s3 import S3Config, S3LogStore
+from twophase.errors import DataLossError
+from twophase.log_s3 import S3Config
 from twophase.sink import TransactionContext, run_task
 
 pytestmark = [pytest.mark.s3]
@@ -35,41 +35,6 @@ def make_sink(server: S3Server, bucket: str, **extra: str) -> S3Sink:
 
 def rows(n: int, start: int = 0) -> pa.RecordBatch:
     return pa.record_batch({"id": pa.array(range(start, start + n), pa.int64()), "s": pa.array(["x" * 40] * n)})
-
-
-def test_s3_log_inv1_inv2_put_and_put_if_absent(s3_server: S3Server) -> None:
-    bucket = s3_server.new_bucket()
-    store = S3LogStore(f"s3://{bucket}/log", config(s3_server))
-    assert store.get("a") is None
-    store.put("a", b"1")
-    store.put("a", b"2")
-    assert store.get("a") == b"2"
-    wins = []
-    barrier = threading.Barrier(8)
-
-    def race(i: int) -> None:
-        barrier.wait()
-        wins.append(store.put_if_absent("owner.json", str(i).encode()))
-    threads = [threading.Thread(target=race, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert wins.count(True) == 1
-    assert store.list("") == ["a", "owner.json"]
-    store.delete("a")
-    store.delete("a")
-    assert store.get("a") is None
-
-
-def test_s3_log_transaction_log_on_s3_refuses_a_second_owner(s3_server: S3Server) -> None:
-    bucket = s3_server.new_bucket()
-    log = TransactionLog.open(f"s3://{bucket}/log", "sink")  # via open_store and boto3's environment
-    log.store.config = config(s3_server)  # type: ignore[attr-defined]
-    log.claim("query-a")
-    log.claim("query-a")
-    with pytest.raises(ConcurrentWriterError):
-        log.claim("query-b")
 
 
 def test_s3_sink_inv1_nothing_visible_before_commit_then_all(s3_server: S3Server) -> None:
@@ -139,38 +104,6 @@ def test_s3_sink_at_least_once_completes_at_pre_commit(s3_server: S3Server) -> N
     assert body.count(b"\n") == 10
 
 
-def test_s3_log_inv3_transitions_are_compare_and_swap_on_the_server(s3_server: S3Server) -> None:
-    """Two drivers (two stores: no shared flock) read the same PENDING record; the server refuses the
-    second COMPLETED (If-Match), so one checkpoint never has two decisions (log invariant 7)."""
-    from twophase.states import CheckpointState
-    bucket = s3_server.new_bucket()
-    a = TransactionLog(S3LogStore(f"s3://{bucket}/log", config(s3_server)), "s")
-    b = TransactionLog(S3LogStore(f"s3://{bucket}/log", config(s3_server)), "s")
-    a.transition(3, CheckpointState.PENDING)
-    seen_a, seen_b = a.get_versioned(3), b.get_versioned(3)
-    a.transition(3, CheckpointState.COMPLETED, handles={"0": {"h": "a"}}, expected=seen_a)
-    with pytest.raises(ConcurrentWriterError):
-        b.transition(3, CheckpointState.COMPLETED, handles={"0": {"h": "b"}}, expected=seen_b)
-    assert b.get(3).handles == {"0": {"h": "a"}}
-    wins: list[bool] = []
-    barrier = threading.Barrier(6)
-
-    def create(i: int) -> None:
-        log = TransactionLog(S3LogStore(f"s3://{bucket}/log", config(s3_server)), "s")
-        barrier.wait()
-        try:
-            log.transition(7, CheckpointState.PENDING, expected=(None, None), reason=str(i))
-            wins.append(True)
-        except ConcurrentWriterError:
-            wins.append(False)
-    threads = [threading.Thread(target=create, args=(i,)) for i in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert wins.count(True) == 1
-
-
 def test_s3_sink_inv4_sweeps_only_its_own_uploads(s3_server: S3Server) -> None:
     """Two sinks on one prefix, and another tool's upload in the bucket: a sweep aborts only its own."""
     bucket = s3_server.new_bucket()
@@ -232,28 +165,6 @@ def test_s3_sink_inv4_last_batch_loser_upload_aborted_after_commit(s3_server: S3
         commit(sink, lost.handle)
     in_flight.abort()
     foreign.abort()
-
-
-def test_s3_log_inv5_listed_etags_spare_reads_of_records_already_held(s3_server: S3Server) -> None:
-    """The server's listing reports the ETag the put returned, so a record this process wrote is never
-    read back (log invariant 9); a record another writer changed has another ETag and is read again."""
-    from twophase.log import encode_record, CheckpointRecord
-    from twophase.states import CheckpointState as C
-    bucket = s3_server.new_bucket()
-    log = TransactionLog(S3LogStore(f"s3://{bucket}/log", config(s3_server)), "s")
-    log.transition(1, C.PENDING)
-    log.transition(1, C.COMPLETED, handles={})
-    log.transition(1, C.COMMITTED)
-    log.transition(2, C.PENDING)
-    gets = count_calls(log.store.client, "GetObject")
-    with log.locked():
-        assert log.view().highest_committed == 1 and log.get(2).state is C.PENDING and log.get(3) is None
-    assert gets == []
-    other = CheckpointRecord(2, C.ABORTED, timestamps={"ABORTED": 1.0}, reason="another driver")
-    s3_server.client().put_object(Bucket=bucket, Key="log/checkpoints/00000000000000000002.json",
-                                  Body=encode_record({"sink_id": "s", "record": other.to_json()}))
-    assert [r.reason for r in log.view().newer] == ["another driver"]
-    assert [g["Key"] for g in gets] == ["log/checkpoints/00000000000000000002.json"]
 
 
 def test_s3_sink_inv4_swept_with_the_commit_so_the_next_recovery_lists_no_uploads(s3_server: S3Server) -> None:

@@ -182,7 +182,8 @@ def native_options(fmt: str, raw: Mapping[str, Any]) -> NativeOptions:
         raise ConfigurationError(
             f"{what}: option 'path'={path!r} is a {scheme}:// URL; the native path commits on a local or mounted "
             "shared filesystem (hard links for files, a local Delta table). For S3 use format('twophase-s3') or "
-            "format('twophase-delta') (Python writers, no Hadoop jars needed); mount other stores on every node")
+            "format('twophase-delta') (Python writers, no Hadoop jars needed), for Azure (abfss://, az://) "
+            "format('twophase-delta'); mount other stores on every node")
     writer: dict[str, str] = {}
     if o["compression"] is not None:
         codec = str(o["compression"]).strip().lower()

@@ -1,0 +1,253 @@
+"""Block blobs written in two phases, for sinks on Azure Blob Storage: Azure's analogue of S3's multipart
+uploads (:mod:`twophase.sinks._s3`). Blob Storage has no atomic rename or hard link (ADLS Gen2's rename is
+not on the Blob API and not conditional on a missing target), so a file is made visible by committing
+its blocks instead:
+
+- a task stages its blocks with Put Block while it writes (:class:`BlockBlobStream`): staged blocks are
+  invisible, no reader and no listing without ``include=uncommittedblobs`` sees them;
+- :func:`commit_blocks` makes the blob with one Put Block List (``If-None-Match: *``: it never replaces a
+  blob); for Delta the blob is still unreferenced until the Delta commit adds it;
+- :func:`drop_uncommitted` removes a name's staged blocks and never a committed blob: it commits an empty
+  block list with ``If-None-Match: *`` (which discards the staged blocks, and fails if a committed blob is
+  there) and deletes exactly that empty blob (``If-Match`` its ETag). Azure's Delete Blob answers 404 for
+  a name with only staged blocks (Azurite deletes them: both are handled);
+- :func:`delete_blob` deletes a committed blob, or drops staged blocks where no blob is committed.
+
+Azure garbage-collects staged blocks that were never committed after seven days; the sweeps remove a
+sink's own well before that.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Iterator
+
+from twophase.errors import ConfigurationError, TransientSinkError
+from twophase.log_azure import AzureConfig, azure_error_code, http_status
+
+
+def block_id(n: int) -> str:
+    """The id of block ``n`` of a blob: a fixed-width counter (Azure wants ids of one length per blob; the
+    SDK base64-encodes them)."""
+    return f"{n:08d}"
+
+
+class BlockBlobStream(io.RawIOBase):
+    """A write-only binary stream that becomes one block blob, invisible until :func:`commit_blocks`.
+
+    Bytes are buffered and staged as a block (Put Block) whenever ``block_size`` is reached, at most two
+    blocks in flight on ``pool``; :meth:`finish` stages the rest and returns the block ids in order."""
+
+    def __init__(self, blob: Any, block_size: int, pool: ThreadPoolExecutor) -> None:
+        super().__init__()
+        self.blob, self.block_size, self.pool = blob, block_size, pool
+        self.name = blob.blob_name
+        self._buf = bytearray()
+        self._pos = 0
+        self._futures: list[Future] = []
+
+    def writable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def write(self, b: Any) -> int:
+        data = memoryview(b).cast("B")
+        self._buf += data
+        self._pos += len(data)
+        while len(self._buf) >= self.block_size:
+            chunk = bytes(self._buf[:self.block_size])
+            del self._buf[:self.block_size]
+            self._submit(chunk)
+        return len(data)
+
+    def _submit(self, chunk: bytes) -> None:
+        bid = block_id(len(self._futures))
+        self._futures.append(self.pool.submit(self._stage, bid, chunk))
+        pending = [f for f in self._futures if not f.done()]
+        if len(pending) > 2:  # bound memory: wait for the oldest block in flight
+            pending[0].result()
+
+    def _stage(self, bid: str, chunk: bytes) -> str:
+        self.blob.stage_block(bid, chunk, length=len(chunk))
+        return bid
+
+    def finish(self) -> list[str]:
+        """Stage what is buffered as the last block; wait for every block; return their ids in order."""
+        if self._buf or not self._futures:
+            self._submit(bytes(self._buf))
+            self._buf = bytearray()
+        return [f.result() for f in self._futures]
+
+    def abort(self) -> None:
+        """Wait for the blocks in flight, then drop them (never a committed blob)."""
+        for f in self._futures:
+            with contextlib.suppress(Exception):
+                f.result()
+        drop_uncommitted(self.blob)
+
+
+def commit_blocks(blob: Any, block_ids: list[str], size: int) -> None:
+    """Put Block List with ``If-None-Match: *``: the blob appears whole, never over another. A 409/412 whose
+    blob has ``size`` bytes is this commit's own (a retry of a request whose answer was lost; names are
+    unique per attempt, so nobody else writes this name)."""
+    from azure.core import MatchConditions
+    from azure.storage.blob import BlobBlock
+    try:
+        blob.commit_block_list([BlobBlock(block_id=b) for b in block_ids], match_condition=MatchConditions.IfMissing)
+        return
+    except Exception as e:
+        if http_status(e) not in (409, 412):
+            raise TransientSinkError(f"cannot commit the blocks of blob {blob.blob_name!r}: {azure_error_code(e)}") from e
+        failure = e
+    try:
+        there = blob.get_blob_properties().size
+    except Exception:
+        there = None
+    if there != size:
+        raise TransientSinkError(f"blob {blob.blob_name!r} already exists with {there} bytes, not the {size} staged") \
+            from failure
+
+
+def drop_uncommitted(blob: Any) -> bool:
+    """Remove the staged blocks of ``blob`` without ever touching a committed blob (see module doc); True if
+    it removed something. A committed blob under the name is left alone (False)."""
+    from azure.core import MatchConditions
+    try:
+        made = blob.commit_block_list([], match_condition=MatchConditions.IfMissing)
+    except Exception as e:
+        if http_status(e) in (409, 412):
+            return False  # a committed blob is there: not staged blocks, not ours to drop here
+        raise TransientSinkError(f"cannot drop the staged blocks of blob {blob.blob_name!r}: {azure_error_code(e)}") from e
+    try:
+        blob.delete_blob(etag=made["etag"], match_condition=MatchConditions.IfNotModified)
+    except Exception as e:
+        if http_status(e) not in (404, 412):
+            raise TransientSinkError(f"cannot delete blob {blob.blob_name!r}: {azure_error_code(e)}") from e
+    return True
+
+
+def delete_blob(blob: Any) -> None:
+    """Delete a committed blob; where there is none, drop the name's staged blocks (Azure answers 404 to
+    Delete Blob on them). No error if nothing is there."""
+    try:
+        blob.delete_blob()
+        return
+    except Exception as e:
+        if http_status(e) != 404:
+            raise TransientSinkError(f"cannot delete blob {blob.blob_name!r}: {azure_error_code(e)}") from e
+    drop_uncommitted(blob)
+
+
+def list_names(container: Any, key_prefix: str, *, uncommitted: bool = True) -> Iterator[str]:
+    """Names of the blobs whose name starts with ``key_prefix``, with names that have only staged blocks
+    (``include=uncommittedblobs``) unless ``uncommitted`` is False."""
+    include = ["uncommittedblobs"] if uncommitted else None
+    for b in container.list_blobs(name_starts_with=key_prefix, include=include):
+        yield b.name
+
+
+def check_container(config: AzureConfig, container_name: str, prefix: str, *, sink: str, url: str) -> None:
+    """Fail on the driver, before any data moves, if the container is missing, the credentials are refused
+    or the endpoint does not answer (ConfigurationError naming the option and the fix). One List Blobs of
+    at most one name under ``prefix`` (what a container SAS with the sink's permissions allows; Get
+    Container Properties needs more), asked with one quick retry, not the data path's five."""
+    container = config.container_client(container_name, retry_total=1, initial_backoff=0.5, increment_base=1)
+    try:
+        next(iter(container.list_blobs(name_starts_with=f"{prefix}/" if prefix else None, results_per_page=1)
+                  .by_page()), None)
+        return
+    except Exception as e:
+        status, code, name = http_status(e), azure_error_code(e), type(e).__name__
+        if status == 404 or code == "ContainerNotFound":
+            raise ConfigurationError(f"{sink}: container {container_name!r} of option 'path'={url!r} does "
+                                     "not exist; create it first or fix the path") from None
+        if status in (401, 403) or code in ("AuthenticationFailed", "AuthorizationFailure", "AuthorizationPermissionMismatch"):
+            raise ConfigurationError(f"{sink}: Azure refused the credentials for container {container_name!r} "
+                                     f"({code or status}); check options 'azure.accountKey' / 'azure.sasToken' or "
+                                     "AZURE_STORAGE_ACCOUNT_KEY / AZURE_STORAGE_SAS_TOKEN") from None
+        if name in ("ServiceRequestError", "ServiceResponseError", "ConnectionError"):
+            raise ConfigurationError(f"{sink}: cannot reach the Azure Blob endpoint {config.endpoint!r}; "
+                                     "check option 'azure.endpoint'") from None
+        raise TransientSinkError(f"{sink}: cannot check container {container_name!r}: {code or name}") from None
+
+
+class AzureFiles:
+    """Data files in an Azure Blob container under ``prefix``, each a block blob staged while written and
+    committed at prepare_commit (the Delta sink's files backend on Azure; the same five operations as
+    its local and S3 backends)."""
+
+    def __init__(self, config: AzureConfig, container: str, prefix: str, block_size: int) -> None:
+        self.config, self.container_name, self.prefix, self.block_size = config, container, prefix, block_size
+        self._client: Any = None
+
+    @property
+    def client(self) -> Any:
+        """The container's client (made on first use in each process)."""
+        if self._client is None:
+            self._client = self.config.container_client(self.container_name)
+        return self._client
+
+    def key(self, rel: str) -> str:
+        return f"{self.prefix}/{rel}" if self.prefix else rel
+
+    def _where(self, rel: str) -> str:
+        return f"{self.container_name}/{self.key(rel)}"
+
+    def open(self, rel: str, pool: ThreadPoolExecutor) -> BlockBlobStream:
+        return BlockBlobStream(self.client.get_blob_client(self.key(rel)), self.block_size, pool)
+
+    def finish(self, stream: BlockBlobStream) -> int:
+        commit_blocks(stream.blob, stream.finish(), stream.tell())
+        return stream.tell()
+
+    def discard(self, stream: BlockBlobStream, rel: str) -> None:
+        with contextlib.suppress(Exception):
+            stream.abort()
+
+    def delete(self, rel: str) -> None:
+        delete_blob(self.client.get_blob_client(self.key(rel)))
+
+    def exists(self, rel: str) -> bool:
+        """A committed blob is there (staged blocks alone are not a file: Get Blob Properties answers 404)."""
+        try:
+            self.client.get_blob_client(self.key(rel)).get_blob_properties()
+            return True
+        except Exception as e:
+            if http_status(e) == 404:
+                return False
+            raise TransientSinkError(f"cannot check blob {self._where(rel)}: {self.config.error_text(e)}") from e
+
+    def reader(self, rel: str) -> Any:
+        """The data file ``rel``, read whole (for pyarrow.parquet)."""
+        try:
+            return io.BytesIO(self.client.get_blob_client(self.key(rel)).download_blob().readall())
+        except Exception as e:
+            raise TransientSinkError(f"cannot read blob {self._where(rel)}: {self.config.error_text(e)}") from e
+
+    def list_named(self, dir_rel: str, name_prefix: str) -> Iterator[str]:
+        """Blobs directly in ``dir_rel`` whose name starts with ``name_prefix``, names with only staged blocks
+        included (a failed attempt's): one prefix listing."""
+        base = f"{self.prefix}/" if self.prefix else ""
+        for name in list_names(self.client, self.key(f"{dir_rel}/{name_prefix}" if dir_rel else name_prefix)):
+            rel = name[len(base):]
+            if "/" not in rel[len(dir_rel) + 1 if dir_rel else 0:]:
+                yield rel
+
+    def list_data(self) -> Iterator[str]:
+        """Every blob of the table outside ``_``/``.`` folders, names with only staged blocks included."""
+        base = f"{self.prefix}/" if self.prefix else ""
+        for name in list_names(self.client, base):
+            rel = name[len(base):]
+            if not any(seg.startswith(("_", ".")) for seg in rel.split("/")[:-1]):
+                yield rel
+
+    def abort_uploads(self, sink_id: str, up_to: int) -> int:
+        """Nothing apart: the sweeps' own listings (:meth:`list_named`, :meth:`list_data`) include names with
+        only staged blocks, and deleting one drops its blocks, so a failed attempt's staged blocks go with
+        the same proof and the same listings as its committed files (no second listing of the table per
+        batch, as S3's ListMultipartUploads would be)."""
+        return 0
