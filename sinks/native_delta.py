@@ -162,12 +162,12 @@ class DeltaNativeTarget(NativeTarget):
         key = schema.json()
         if key == self._checked:
             return
-        from pyspark.sql.pandas.types import to_arrow_schema
+        from twophase.sinks._spark_types import arrow_schema
         nested = [f.name for f in schema.fields if f.dataType.typeName() in ("struct", "array", "map")]
         if nested:
             raise ConfigurationError(f"native_sink('delta'): columns {nested} are nested; the native path writes "
                                      "flat tables only: use format('twophase-delta') for nested columns")
-        arrow = to_arrow_schema(schema)
+        arrow = arrow_schema(schema)  # timestamps in UTC, as the Python path's (PySpark asserts a zone)
         self.sink.ensure_schema(arrow)
         if self.sink.checks:
             raise ConfigurationError(

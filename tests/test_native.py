@@ -98,3 +98,20 @@ def test_native_inv2_inv4_file_target_commits_spark_files_and_sweeps_only_its_ow
     # the batch's staging folder (Spark's leftovers and the crashed attempt) is swept; another sink's is not
     assert not os.path.exists(os.path.dirname(attempt))
     assert os.path.exists(os.path.join(theirs, "part-00000-u.c000.json"))
+
+
+def test_native_delta_inv6_timestamp_columns_create_the_table(tmp_path):
+    """A stream with a timestamp column (every rate source has one) made check_schema fail with PySpark's bare
+    AssertionError (``to_arrow_schema`` without a time zone); the table is created with UTC timestamps."""
+    pytest.importorskip("deltalake")
+    from pyspark.sql import types as T
+
+    from twophase.sinks.native_delta import DeltaNativeTarget
+    table = str(tmp_path / "t")
+    target = DeltaNativeTarget.create(native_options("delta", {"path": table, "checkpointLocation": str(tmp_path / "c")}))
+    target.check_schema(T.StructType([T.StructField("timestamp", T.TimestampType()),
+                                      T.StructField("ntz", T.TimestampNTZType()), T.StructField("value", T.LongType())]))
+    import deltalake
+    fields = {f.name: str(f.type) for f in deltalake.DeltaTable(table).schema().fields}
+    assert fields == {"timestamp": 'PrimitiveType("timestamp")', "ntz": 'PrimitiveType("timestamp_ntz")',
+                      "value": 'PrimitiveType("long")'}
