@@ -42,9 +42,10 @@ MODES = {
     "noop-python": "no-op Python sink (ceiling of the Python path)",
     "native-delta": "twophase native path into a local Delta table, exactly-once (`native_sink(\"delta\")`)",
     "foreachbatch-deltalake": "foreachBatch + `write_deltalake(df.toArrow(), mode=\"append\")`, no twophase",
+    "twophase-delta": "twophase-delta into a local Delta table, exactly-once (Python path, `format(\"twophase-delta\")`)",
 }
-#: modes not in the default run (--modes names them): the Delta pair, compared with each other
-EXTRA_MODES = ("native-delta", "foreachbatch-deltalake")
+#: modes not in the default run (--modes names them): the Delta modes, compared with foreachBatch + write_deltalake
+EXTRA_MODES = ("native-delta", "foreachbatch-deltalake", "twophase-delta")
 
 
 def run(spark, mode: str, out: str, ck: str, args) -> dict:
@@ -65,6 +66,8 @@ def run(spark, mode: str, out: str, ck: str, args) -> dict:
         w = df.writeStream.foreachBatch(lambda d, b: write_deltalake(out, d.toArrow(), mode="append"))
     elif mode == "foreachbatch-write":
         w = df.writeStream.foreachBatch(lambda d, b: d.write.parquet(os.path.join(out, f"batch-{b}")))
+    elif mode == "twophase-delta":
+        w = df.writeStream.format("twophase-delta").option("path", out)
     elif mode == "twophase-file":
         w = df.writeStream.format("twophase-file").option("path", out).option("format", "parquet")
     else:
@@ -145,10 +148,11 @@ def main() -> int:
             commit = (f"{statistics.median(all_commit):.1f} / {max(all_commit):.1f} "
                       f"(log PENDING->COMMITTED {statistics.median(all_log):.1f})")
         print(f"| {MODES[mode]} | {rate[mode]:,.0f} | {b['batch_ms']:.0f} | {ratio} | {commit} |")
-    if "native-delta" in best and "foreachbatch-deltalake" in best:
-        print()
-        print(f"native path into Delta vs foreachBatch + write_deltalake: "
-              f"**{rate['native-delta'] / rate['foreachbatch-deltalake']:.2f}**")
+    for mode, what in (("native-delta", "native path"), ("twophase-delta", "Python path")):
+        if mode in best and "foreachbatch-deltalake" in best:
+            print()
+            print(f"{what} into Delta vs foreachBatch + write_deltalake: "
+                  f"**{rate[mode] / rate['foreachbatch-deltalake']:.2f}**")
     if "native" in best:
         nat = [x for res in results["native"] for x in res["prepare_ms"]]
         print()

@@ -107,6 +107,28 @@ def test_native_delta_inv1_inv2_exactly_once_one_version_per_batch_and_rerun_ski
     assert sorted(got) == sorted(ids)
 
 
+def test_native_delta_timestamp_columns_read_back_as_written(spark, tmp_path):
+    """Spark writes TimestampType as INT96 Parquet and TimestampNTZType as INT64 micros; the table, created
+    from the stream's schema (timestamps in UTC), reads back with deltalake as the instants Spark wrote.
+    Before the fix, every batch with a timestamp column failed in check_schema (PySpark's AssertionError)."""
+    import datetime as dt
+    import pyspark.sql.functions as F
+    import twophase.spark
+    inp, table, ck = str(tmp_path / "in"), str(tmp_path / "table"), str(tmp_path / "ck")
+    ids = make_input(inp, 2, 50)
+    sink = twophase.spark.native_sink("delta", path=table, checkpointLocation=ck)
+    run_foreach_batch(spark, inp, sink, ck, transform=lambda df: df.select(
+        "id", F.timestamp_seconds(F.col("id") * 3600).alias("ts"),
+        F.to_timestamp_ntz(F.timestamp_seconds(F.col("id") * 60).cast("string")).alias("ntz")))
+    got = deltalake.DeltaTable(table).to_pyarrow_table().to_pylist()
+    assert sorted(r["id"] for r in got) == sorted(ids)
+    epoch = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+    for r in got:
+        assert r["ts"] == epoch + dt.timedelta(hours=r["id"]), r
+        assert isinstance(r["ntz"], dt.datetime) and r["ntz"].tzinfo is None, r
+    assert delta_leftovers(table) == []
+
+
 def test_native_delta_check_constraint_table_refused_before_writing(spark, tmp_path):
     import pyarrow as pa
     import twophase.spark
