@@ -223,6 +223,27 @@ def test_azure_files_sink_inv4_sweep_drops_own_losers_staged_blocks_never_anothe
                                                         *rows(1, 1).column("id").to_pylist()])
 
 
+def test_azure_files_sink_inv5_a_checkpoints_files_are_committed_at_once(azure_server: AzureServer,
+                                                                          container: str) -> None:
+    """Four tasks, eight files: each Put Block List waits at a barrier of eight before it is sent, so a commit
+    that committed them one after another would break the barrier (and fail) instead of passing."""
+    import threading
+    sink = make_sink(azure_server, container)
+    acks = [run_task(sink, TransactionContext(sink.sink_id, 0, str(t)), [rows(0, t)]) for t in range(4)]
+    files = sum(len(a.handle["blobs"]) for a in acks)
+    assert files == 8
+    barrier = threading.Barrier(files, timeout=30)
+
+    def at_once(request: Any) -> None:
+        r = request.http_request
+        if r.method == "PUT" and "comp=blocklist" in r.url:
+            barrier.wait()
+
+    sink.store._client = sink.options.azure.container_client(sink.options.container, raw_request_hook=at_once)
+    assert coordinator(sink).complete_batch(0, acks) == "COMMITTED"
+    assert read_ids(azure_server, container) == sorted(i for t in range(4) for i in rows(0, t).column("id").to_pylist())
+
+
 @pytest.mark.parametrize("point", ["after_complete", "mid_commit"])
 def test_azure_files_sink_inv2_crash_between_completed_and_commit_recovers_exactly_once(
         azure_server: AzureServer, container: str, tmp_path: Path, point: str) -> None:
