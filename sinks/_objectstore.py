@@ -21,7 +21,7 @@ from __future__ import annotations
 import abc
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
-from typing import Any, Collection, Generic, Mapping, Optional, Sequence, TypeVar
+from typing import Any, ClassVar, Collection, Generic, Mapping, Optional, Sequence, TypeVar
 
 import pyarrow as pa
 
@@ -83,10 +83,27 @@ class ObjectStore(abc.ABC):
 
 
 class ObjectStoreSpec(SinkSpec[C]):
-    """A sink spec with an :attr:`store` and options with ``partition_by``, ``max_file_size`` and ``format_options``."""
+    """A sink spec with a :attr:`store` and options (an ``options_class`` with ``from_options(raw, schema)``) with
+    ``partition_by``, ``max_file_size`` and ``format_options``. Pickled as its options alone (clients are lazy)."""
 
+    #: the sweep right after each commit too, not only at the recovery before the next micro-batch (which never
+    #: comes after the last batch of a run): a loser attempt of the last batch leaves nothing behind
+    sweep_after_commit = True
+    supports_write_jobs = True
+    options_class: ClassVar[Any]
     store: ObjectStore
     options: Any
+
+    @classmethod
+    def from_options(cls, raw: Mapping[str, Any], schema: Any = None) -> Any:
+        """Parse Spark's string options (``schema``, anything with ``.names``, checks partition columns)."""
+        return cls(cls.options_class.from_options(raw, schema))
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"options": self.options}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["options"])  # type: ignore[misc]
 
 
 @dataclass

@@ -57,11 +57,11 @@ from twophase.log_azure import AZURE_CLIENT_OPTIONS, AzureConfig, azure_config_f
 from twophase.log_s3 import open_log_store
 from twophase.naming import internal_rel
 from twophase.options import Option, parse_list, parse_options, parse_size
-from twophase.sink import Committable, Guarantee, SinkSpec, TransactionContext
+from twophase.sink import Committable, Guarantee, TransactionContext
 from twophase.sinks._azure import BlockBlobStream, check_container, commit_staged, drop_uncommitted, list_own_staged
 from twophase.sinks._filelike import check_partition_columns
 from twophase.sinks._formats import FORMAT_OPTIONS, FormatOptions, format_options
-from twophase.sinks._objectstore import ObjectStore, ObjectStoreCommitter, ObjectStoreWriter
+from twophase.sinks._objectstore import ObjectStore, ObjectStoreCommitter, ObjectStoreSpec, ObjectStoreWriter
 
 SINK = "twophase-file"
 #: Azure's limits: at most 50,000 blocks per blob, each at most 4000 MiB
@@ -142,28 +142,17 @@ class AzureFilesCommittable(Committable):
     guarantee: str = Guarantee.EXACTLY_ONCE.value
 
 
-class AzureFilesSink(SinkSpec[AzureFilesCommittable]):
-    """Exactly-once Parquet / JSON lines / CSV files on Azure Blob Storage through staged blocks."""
+class AzureFilesSink(ObjectStoreSpec[AzureFilesCommittable]):
+    """Exactly-once Parquet / JSON lines / CSV files on Azure Blob Storage through staged blocks (swept right
+    after each commit, invariant 4)."""
 
-    #: the sweep right after each commit (invariant 4): a loser attempt of a run's last batch leaves nothing
-    sweep_after_commit = True
-    supports_write_jobs = True
+    options_class = AzureFilesOptions
 
     def __init__(self, options: AzureFilesOptions) -> None:
         self.options = options
         self.sink_id = options.sink_id or f"file:{options.url}"
         self.guarantee = options.guarantee
         self.store = AzureBlobs(self)
-
-    @classmethod
-    def from_options(cls, raw: Mapping[str, Any], schema: Any = None) -> "AzureFilesSink":
-        return cls(AzureFilesOptions.from_options(raw, schema))
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"options": self.options}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["options"])
 
     def validate_destination(self) -> None:
         """Missing container, refused credentials, unreachable endpoint: a ConfigurationError now."""

@@ -59,14 +59,14 @@ from twophase.sinks._s3 import (MIN_PART_SIZE, MultipartStream, abort_lingering_
                                 abort_upload, check_bucket, complete_upload, list_own_uploads, multipart_etag)
 from twophase.sinks._filelike import check_partition_columns
 from twophase.sinks._formats import FORMAT_OPTIONS, FormatOptions, format_options
-from twophase.sinks._objectstore import ObjectStore, ObjectStoreCommitter, ObjectStoreWriter
+from twophase.sinks._objectstore import ObjectStore, ObjectStoreCommitter, ObjectStoreSpec, ObjectStoreWriter
 from twophase._logging import get_logger
 from twophase._redact import safe_repr
 from twophase.errors import ConfigurationError
 from twophase.log import TransactionLog
 from twophase.log_s3 import S3_CLIENT_OPTIONS, S3Config, open_log_store, parse_s3_url, s3_config_from
 from twophase.options import Option, parse_choice, parse_list, parse_options, parse_size
-from twophase.sink import Committable, Guarantee, SinkSpec, TransactionContext
+from twophase.sink import Committable, Guarantee, TransactionContext
 
 _log = get_logger(__name__)
 
@@ -154,14 +154,14 @@ class S3Committable(Committable):
     guarantee: str = Guarantee.EXACTLY_ONCE.value
 
 
-class S3Sink(SinkSpec[S3Committable]):
-    """Exactly-once Parquet / JSON lines / CSV objects on S3 through multipart uploads."""
+class S3Sink(ObjectStoreSpec[S3Committable]):
+    """Exactly-once Parquet / JSON lines / CSV objects on S3 through multipart uploads.
 
-    #: abort orphan uploads right after each commit too (invariant 4), not only at the recovery before the
-    #: next micro-batch, which never comes after the last batch of a run: one ListMultipartUploads
-    #: (prefix-scoped, paged by 1000 uploads in progress) per batch
-    sweep_after_commit = True
-    supports_write_jobs = True
+    It aborts orphan uploads right after each commit too (``sweep_after_commit``, invariant 4), not only at
+    the recovery before the next micro-batch, which never comes after the last batch of a run: one
+    ListMultipartUploads (prefix-scoped, paged by 1000 uploads in progress) per batch."""
+
+    options_class = S3SinkOptions
 
     def __init__(self, options: S3SinkOptions) -> None:
         self.options = options
@@ -169,16 +169,6 @@ class S3Sink(SinkSpec[S3Committable]):
         self.guarantee = options.guarantee
         self._client: Any = None
         self.store = S3Objects(self)
-
-    @classmethod
-    def from_options(cls, raw: Mapping[str, Any], schema: Any = None) -> "S3Sink":
-        return cls(S3SinkOptions.from_options(raw, schema))
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"options": self.options}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["options"])
 
     @property
     def client(self) -> Any:
