@@ -32,7 +32,10 @@ Invariants (``test_azure_files_sink_invN_*``):
    drops uncommitted blocks after seven days: a checkpoint pre-committed but not committed within seven
    days) is LOST, naming the file: the coordinator stops with DataLossError, never a silent skip.
 3. ``abort`` only drops staged blocks (:func:`~twophase.sinks._azure.drop_uncommitted`: a conditional empty
-   commit and a delete of exactly that empty blob); it never deletes a committed blob.
+   commit and a delete of exactly that empty blob); it never deletes a committed blob. Azure has no other way
+   to discard staged blocks before its seven days (Delete Blob answers 404 for a name with staged blocks
+   only), so for the time of one request a loser's name is an EMPTY blob: Spark skips empty files; another
+   reader listing at that instant may see a 0-byte file (never a partial one, never a duplicate row).
 4. ``abort_lingering(n)`` drops the staged-only names under the path of checkpoints ``<= n`` that carry this
    sink's token (crashed, failed, speculative or zombie attempts): never another sink's, never a committed
    blob. It runs right after each commit (``sweep_after_commit``), WITH the commit (``sweep_with_commit``:
