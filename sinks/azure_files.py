@@ -51,7 +51,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Collection, Mapping, Optional, TypedDict
+from typing import Any, ClassVar, Collection, Mapping, TypedDict
 
 from twophase._redact import safe_repr
 from twophase.errors import ConfigurationError
@@ -62,8 +62,8 @@ from twophase.naming import internal_rel
 from twophase.options import Option, parse_list, parse_options, parse_size
 from twophase.sink import Committable, Guarantee, TransactionContext
 from twophase.sinks._azure import BlockBlobStream, check_container, commit_staged, drop_uncommitted, list_own_staged
-from twophase.sinks._filelike import check_partition_columns
-from twophase.sinks._formats import FORMAT_OPTIONS, FormatOptions, format_options
+from twophase.sinks._filelike import FileLikeOptions, check_partition_columns
+from twophase.sinks._formats import FORMAT_OPTIONS, format_options
 from twophase.sinks._objectstore import ObjectStore, ObjectStoreCommitter, ObjectStoreSpec, ObjectStoreWriter
 
 SINK = "twophase-file"
@@ -82,8 +82,8 @@ AZURE_FILE_OPTIONS: tuple[Option[Any], ...] = (
 
 
 @safe_repr
-@dataclass(frozen=True)
-class AzureFilesOptions:
+@dataclass(frozen=True, kw_only=True)
+class AzureFilesOptions(FileLikeOptions):
     """Validated options of the Azure file sink (see :data:`AZURE_FILE_OPTIONS`)."""
 
     container: str
@@ -91,17 +91,7 @@ class AzureFilesOptions:
     #: ``abfss://container@account.dfs.core.windows.net/prefix``, whatever form the path had
     url: str
     azure: AzureConfig = field(default_factory=AzureConfig)
-    format: str = "parquet"
-    partition_by: tuple[str, ...] = ()
     block_size: int = 8 << 20
-    max_file_size: int = 128 << 20
-    compression: str = "snappy"
-    format_options: FormatOptions = field(default_factory=FormatOptions)
-    sink_id: Optional[str] = None
-    guarantee: Guarantee = Guarantee.EXACTLY_ONCE
-    log_location: Optional[str] = None
-    log_retain: int = 100
-    owner: Optional[str] = None
 
     @classmethod
     def from_options(cls, raw: Mapping[str, Any], schema: Any = None) -> "AzureFilesOptions":
@@ -118,10 +108,7 @@ class AzureFilesOptions:
                                      f"{MAX_BLOCKS} blocks per blob of option 'blockSize'={bs}; raise 'blockSize' or "
                                      "lower 'maxFileSize'")
         opts = cls(container=url.container, prefix=url.prefix, url=url.canonical(str(azure.account_name)), azure=azure,
-                   format=fo.format, partition_by=o["partitionBy"], block_size=bs, max_file_size=o["maxFileSize"],
-                   compression=fo.compression, format_options=fo, sink_id=o["sink.id"],
-                   guarantee=Guarantee.parse(o["guarantee"]), log_location=o["log.location"],
-                   log_retain=o["log.retain"], owner=o["checkpointlocation"])
+                   block_size=bs, **cls.common(o, fo))
         check_partition_columns(SINK, opts.partition_by, schema)
         return opts
 

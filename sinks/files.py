@@ -38,8 +38,8 @@ from typing import Any, ClassVar, Mapping, Optional, TypedDict
 
 import pyarrow as pa
 
-from twophase.sinks._filelike import FileLikeWriter, check_partition_columns
-from twophase.sinks._formats import FORMAT_OPTIONS, FormatOptions, FormatWriter, format_options, open_format_writer
+from twophase.sinks._filelike import FileLikeOptions, FileLikeWriter, check_partition_columns
+from twophase.sinks._formats import FORMAT_OPTIONS, FormatWriter, format_options, open_format_writer
 from twophase._logging import get_logger
 from twophase.errors import ConfigurationError, TwoPhaseError
 from twophase.naming import internal_rel
@@ -61,22 +61,11 @@ FILE_OPTIONS: tuple[Option[Any], ...] = (
 )
 
 
-@dataclass(frozen=True)
-class FileSinkOptions:
+@dataclass(frozen=True, kw_only=True)
+class FileSinkOptions(FileLikeOptions):
     """Validated options of the file sink (see :data:`FILE_OPTIONS`)."""
 
     path: str
-    format: str = "parquet"
-    partition_by: tuple[str, ...] = ()
-    max_file_size: int = 128 << 20
-    compression: str = "snappy"
-    #: format, codec, maxRecordsPerFile and the CSV options, validated (:func:`~twophase.sinks._formats.format_options`)
-    format_options: FormatOptions = field(default_factory=FormatOptions)
-    sink_id: Optional[str] = None
-    guarantee: Guarantee = Guarantee.EXACTLY_ONCE
-    log_location: Optional[str] = None
-    log_retain: int = 100
-    owner: Optional[str] = None
 
     @classmethod
     def from_options(cls, raw: Mapping[str, Any], schema: Any = None) -> "FileSinkOptions":
@@ -97,9 +86,7 @@ class FileSinkOptions:
                                      "writes to a local or shared mounted filesystem (hard links make its commit "
                                      f"atomic); {where}")
         path = os.path.abspath(os.path.expanduser(raw_path.removeprefix("file://")))
-        opts = cls(path=path, format=fo.format, partition_by=o["partitionBy"], max_file_size=o["maxFileSize"],
-                   compression=fo.compression, format_options=fo, sink_id=o["sink.id"], guarantee=Guarantee.parse(o["guarantee"]),
-                   log_location=o["log.location"], log_retain=o["log.retain"], owner=o["checkpointlocation"])
+        opts = cls(path=path, **cls.common(o, fo))
         check_partition_columns("twophase-file", opts.partition_by, schema)
         return opts
 

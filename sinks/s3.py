@@ -52,13 +52,13 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Collection, Mapping, Optional, TypedDict
+from typing import Any, ClassVar, Collection, Mapping, TypedDict
 
 from twophase.naming import internal_rel, part_file_name
 from twophase.sinks._s3 import (MIN_PART_SIZE, MultipartStream, abort_lingering_uploads, abort_own_uploads,  # noqa: F401
                                 abort_upload, check_bucket, complete_upload, list_own_uploads, multipart_etag)
-from twophase.sinks._filelike import check_partition_columns
-from twophase.sinks._formats import FORMAT_OPTIONS, FormatOptions, format_options
+from twophase.sinks._filelike import FileLikeOptions, check_partition_columns
+from twophase.sinks._formats import FORMAT_OPTIONS, format_options
 from twophase.sinks._objectstore import ObjectStore, ObjectStoreCommitter, ObjectStoreSpec, ObjectStoreWriter
 from twophase._logging import get_logger
 from twophase._redact import safe_repr
@@ -86,25 +86,14 @@ S3_OPTIONS: tuple[Option[Any], ...] = (
 
 
 @safe_repr
-@dataclass(frozen=True)
-class S3SinkOptions:
+@dataclass(frozen=True, kw_only=True)
+class S3SinkOptions(FileLikeOptions):
     """Validated options of the S3 sink (see :data:`S3_OPTIONS`)."""
 
     bucket: str
     prefix: str
     s3: S3Config = field(default_factory=S3Config)
-    format: str = "parquet"
-    partition_by: tuple[str, ...] = ()
     part_size: int = 5 << 20
-    max_file_size: int = 128 << 20
-    compression: str = "snappy"
-    #: format, codec, maxRecordsPerFile and the CSV options, validated (:func:`~twophase.sinks._formats.format_options`)
-    format_options: FormatOptions = field(default_factory=FormatOptions)
-    sink_id: Optional[str] = None
-    guarantee: Guarantee = Guarantee.EXACTLY_ONCE
-    log_location: Optional[str] = None
-    log_retain: int = 100
-    owner: Optional[str] = None
 
     @property
     def url(self) -> str:
@@ -121,10 +110,7 @@ class S3SinkOptions:
                                      "size of 5 MiB; use at least 5m")
         if o["maxFileSize"] < o["partSize"]:
             raise ConfigurationError("twophase-s3: option 'maxFileSize' must be at least 'partSize'")
-        opts = cls(bucket=bucket, prefix=prefix, s3=s3_config_from(o), format=fo.format,
-                   partition_by=o["partitionBy"], part_size=o["partSize"], max_file_size=o["maxFileSize"],
-                   compression=fo.compression, format_options=fo, sink_id=o["sink.id"], guarantee=Guarantee.parse(o["guarantee"]),
-                   log_location=o["log.location"], log_retain=o["log.retain"], owner=o["checkpointlocation"])
+        opts = cls(bucket=bucket, prefix=prefix, s3=s3_config_from(o), part_size=o["partSize"], **cls.common(o, fo))
         check_partition_columns("twophase-s3", opts.partition_by, schema)
         return opts
 
