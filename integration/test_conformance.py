@@ -1,5 +1,5 @@
 """The conformance suite (:mod:`twophase.testing`) against the sinks on real servers: S3 (radosgw, or
-moto with ``TWOPHASE_S3_SERVER=moto``), Delta on S3, Delta on Azure Blob (Azurite), and Kafka (noida-db,
+moto with ``TWOPHASE_S3_SERVER=moto``), Delta on S3, Delta and files on Azure Blob (Azurite), and Kafka (noida-db,
 or ``KAFKA_BOOTSTRAP_SERVERS``).
 Files and local Delta run it in ``tests/test_conformance.py``."""
 
@@ -13,10 +13,10 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 
-from harnesses import DeltaHarness, KafkaHarness, S3Harness  # noqa: E402
+from harnesses import AzureFilesHarness, DeltaHarness, KafkaHarness, S3Harness  # noqa: E402
 from twophase.testing import CONFORMANCE_CHECKS, SinkHarness  # noqa: E402
 
-SINKS = ["s3", "delta-s3", "delta-azure", "kafka"]
+SINKS = ["s3", "delta-s3", "delta-azure", "files-azure", "kafka"]
 
 
 def _harness(kind: str, request: Any) -> SinkHarness:
@@ -31,6 +31,10 @@ def _harness(kind: str, request: Any) -> SinkHarness:
     if kind == "delta-azure":
         server = request.getfixturevalue("azure_server")
         return DeltaHarness(server.url(server.new_container(), "table"), server.options(), server.storage_options())
+    if kind == "files-azure":
+        server = request.getfixturevalue("azure_server")
+        container = server.new_container()
+        return AzureFilesHarness(server.url(container, "out"), server.options(), server.service(), container, "out")
     if kind == "kafka":
         from integration.kafka.broker import create_topic, unique
         bootstrap = request.getfixturevalue("kafka_bootstrap")

@@ -22,10 +22,11 @@ from __future__ import annotations
 import contextlib
 import io
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
-from twophase.errors import ConfigurationError, TransientSinkError
+from twophase.errors import CommitFailedError, ConfigurationError, DataLossError, TransientSinkError
 from twophase.log_azure import AzureConfig, azure_error_code, http_status
+from twophase.naming import own_part_checkpoint
 
 
 def block_id(n: int) -> str:
@@ -112,6 +113,56 @@ def commit_blocks(blob: Any, block_ids: list[str], size: int) -> None:
             from failure
 
 
+def commit_staged(blob: Any, block_ids: list[str], size: int, *, where: str) -> str:
+    """Make the staged blocks ``block_ids`` the blob, whole (Put Block List with ``If-None-Match: *``: never over
+    another blob); 'completed', or 'already' when the blob is there with exactly that committed block list and
+    ``size`` bytes (an earlier commit of this entry). The twophase-file sink's commit on Azure.
+
+    A blob of other content under the name is never overwritten: if the staged blocks are still there it is
+    a CommitFailedError naming it; if they are gone too (Put Block List of another blob discards them) a
+    DataLossError. No blob and the blocks gone (dropped, or older than Azure's seven days for uncommitted
+    blocks) is a DataLossError naming ``where``."""
+    from azure.core import MatchConditions
+    from azure.storage.blob import BlobBlock
+    try:
+        blob.commit_block_list([BlobBlock(block_id=b) for b in block_ids], match_condition=MatchConditions.IfMissing)
+        return "completed"
+    except Exception as e:
+        if http_status(e) not in (400, 404, 409, 412):
+            raise TransientSinkError(f"cannot commit the blocks of {where}: {azure_error_code(e)}") from e
+        failure = e
+    try:  # a blob is there (409, 412) or blocks are missing (400 InvalidBlockList): look
+        committed, staged = blob.get_block_list("all")
+    except Exception as e:
+        if http_status(e) != 404:
+            raise TransientSinkError(f"cannot read the block list of {where}: {azure_error_code(e)}") from e
+        committed, staged = [], []  # no blob and no staged block under the name
+    try:
+        there: Optional[int] = int(blob.get_blob_properties().size)
+    except Exception as e:
+        if http_status(e) != 404:
+            raise TransientSinkError(f"cannot read the properties of {where}: {azure_error_code(e)}") from e
+        there = None  # no committed blob (a name with staged blocks only has no properties)
+    ours_staged = set(block_ids) <= {b.id for b in staged}
+    if there is None:
+        if ours_staged:
+            raise TransientSinkError(f"cannot commit the blocks of {where}: {azure_error_code(failure)}") from failure
+        raise DataLossError(f"twophase-file: the staged blocks of {where} are gone and it was never committed "
+                            "(dropped, or older than the seven days Azure keeps uncommitted blocks): the data of "
+                            f"this checkpoint is lost ({azure_error_code(failure)})") from failure
+    ids = [b.id for b in committed]
+    if ids == list(block_ids) and there == size:
+        return "already"
+    if ours_staged:
+        raise CommitFailedError(f"twophase-file: {where} exists with other content ({len(ids)} blocks, {there} bytes; "
+                                f"this commit has {len(block_ids)} blocks, {size} bytes); refusing to overwrite it. "
+                                "Another writer used this sink's name: remove or move that blob, then restart") from failure
+    raise DataLossError(f"twophase-file: {where} exists with other content ({len(ids)} blocks, {there} bytes, not "
+                        f"the {len(block_ids)} blocks of {size} bytes staged) and the staged blocks are gone: another "
+                        "writer committed a blob under this sink's name; it was not overwritten, and the data of this "
+                        "checkpoint is lost") from failure
+
+
 def drop_uncommitted(blob: Any) -> bool:
     """Remove the staged blocks of ``blob`` without ever touching a committed blob (see module doc); True if
     it removed something. A committed blob under the name is left alone (False)."""
@@ -148,6 +199,26 @@ def list_names(container: Any, key_prefix: str, *, uncommitted: bool = True) -> 
     include = ["uncommittedblobs"] if uncommitted else None
     for b in container.list_blobs(name_starts_with=key_prefix, include=include):
         yield b.name
+
+
+def list_own_staged(container: Any, prefix: str, sink_id: str) -> list[tuple[str, str, int]]:
+    """``(name, name, checkpoint id)`` of every name under ``prefix`` that has staged blocks only (no committed
+    blob) and carries THIS sink's token: the blobs listed with ``include=uncommittedblobs`` minus those listed
+    without (List Blobs says no more about a name with staged blocks only). Two listings of the prefix, each
+    one request per 5000 names (committed ones included: Azure has no listing of staged blocks alone)."""
+    key_prefix = f"{prefix}/" if prefix else ""
+
+    def own(uncommitted: bool) -> dict[str, int]:
+        out = {}
+        for name in list_names(container, key_prefix, uncommitted=uncommitted):
+            cid = own_part_checkpoint(name.rsplit("/", 1)[-1], sink_id)
+            if cid is not None:
+                out[name] = cid
+        return out
+
+    committed = own(False)  # first: a name committed between the two listings looks staged-only here, and
+    every = own(True)  # drop_uncommitted then refuses it (a committed blob is there)
+    return [(name, name, cid) for name, cid in sorted(every.items()) if name not in committed]
 
 
 def check_container(config: AzureConfig, container_name: str, prefix: str, *, sink: str, url: str) -> None:

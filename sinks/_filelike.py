@@ -23,16 +23,43 @@ from __future__ import annotations
 import abc
 import contextlib
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Optional, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional, TypeVar
 
 import pyarrow as pa
 
 from twophase.errors import ConfigurationError
-from twophase.sink import Committable, SinkWriter, TransactionContext
-from twophase.sinks._formats import write_rolling
+from twophase.sink import Committable, Guarantee, SinkWriter, TransactionContext
+from twophase.sinks._formats import FormatOptions, write_rolling
 from twophase.naming import part_file_name
 
 C = TypeVar("C", bound=Committable)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FileLikeOptions:
+    """The options every sink that writes files shares (the file, S3 and Azure file sinks subclass it, adding
+    where files go): format and rolling, identity, log. Built by :meth:`common`."""
+
+    format: str = "parquet"
+    partition_by: tuple[str, ...] = ()
+    max_file_size: int = 128 << 20
+    compression: str = "snappy"
+    #: format, codec, maxRecordsPerFile and the CSV options, validated (:func:`~twophase.sinks._formats.format_options`)
+    format_options: FormatOptions = field(default_factory=FormatOptions)
+    sink_id: Optional[str] = None
+    guarantee: Guarantee = Guarantee.EXACTLY_ONCE
+    log_location: Optional[str] = None
+    log_retain: int = 100
+    owner: Optional[str] = None
+
+    @staticmethod
+    def common(o: Mapping[str, Any], fo: FormatOptions) -> dict[str, Any]:
+        """These fields from parsed options ``o`` (``partitionBy``, ``maxFileSize`` and the common ones) and ``fo``."""
+        return dict(format=fo.format, partition_by=o["partitionBy"], max_file_size=o["maxFileSize"],
+                    compression=fo.compression, format_options=fo, sink_id=o["sink.id"],
+                    guarantee=Guarantee.parse(o["guarantee"]), log_location=o["log.location"],
+                    log_retain=o["log.retain"], owner=o["checkpointlocation"])
 
 
 def check_partition_columns(sink: str, columns: tuple[str, ...], schema: Any) -> None:

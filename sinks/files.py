@@ -38,12 +38,13 @@ from typing import Any, ClassVar, Mapping, Optional, TypedDict
 
 import pyarrow as pa
 
-from twophase.sinks._filelike import FileLikeWriter, check_partition_columns
-from twophase.sinks._formats import FORMAT_OPTIONS, FormatOptions, FormatWriter, format_options, open_format_writer
+from twophase.sinks._filelike import FileLikeOptions, FileLikeWriter, check_partition_columns
+from twophase.sinks._formats import FORMAT_OPTIONS, FormatWriter, format_options, open_format_writer
 from twophase._logging import get_logger
 from twophase.errors import ConfigurationError, TwoPhaseError
 from twophase.naming import internal_rel
 from twophase.log import TransactionLog
+from twophase.log_azure import AZURE_SCHEMES, is_azure_url
 from twophase.log_store import fsync_dir, makedirs_durable
 from twophase.options import Option, parse_choice, parse_list, parse_options, parse_size
 from twophase.sink import (Committable, CommitResult, CommitStatus, Guarantee, SinkCommitter, SinkSpec,
@@ -60,22 +61,11 @@ FILE_OPTIONS: tuple[Option[Any], ...] = (
 )
 
 
-@dataclass(frozen=True)
-class FileSinkOptions:
+@dataclass(frozen=True, kw_only=True)
+class FileSinkOptions(FileLikeOptions):
     """Validated options of the file sink (see :data:`FILE_OPTIONS`)."""
 
     path: str
-    format: str = "parquet"
-    partition_by: tuple[str, ...] = ()
-    max_file_size: int = 128 << 20
-    compression: str = "snappy"
-    #: format, codec, maxRecordsPerFile and the CSV options, validated (:func:`~twophase.sinks._formats.format_options`)
-    format_options: FormatOptions = field(default_factory=FormatOptions)
-    sink_id: Optional[str] = None
-    guarantee: Guarantee = Guarantee.EXACTLY_ONCE
-    log_location: Optional[str] = None
-    log_retain: int = 100
-    owner: Optional[str] = None
 
     @classmethod
     def from_options(cls, raw: Mapping[str, Any], schema: Any = None) -> "FileSinkOptions":
@@ -86,21 +76,30 @@ class FileSinkOptions:
         scheme = raw_path.split("://", 1)[0].lower() if "://" in raw_path else ""
         if scheme and scheme != "file":
             where = ("use format twophase-s3 (same options) for S3" if scheme in ("s3", "s3a", "s3n") else
-                     f"{scheme}:// is not supported by twophase-file yet; on Azure use format twophase-delta with this "
-                     "path (Delta tables on abfss://, az://, wasbs:// are supported: staged blocks, one Put Block "
-                     "List per file, one Delta commit per batch), or mount the container (blobfuse2) on every node"
-                     if scheme in ("abfss", "abfs", "az", "wasbs", "wasb") else
+                     "on Azure, format twophase-file takes this path itself (file_sink_from_options builds its Azure "
+                     "sink, twophase.sinks.azure_files.AzureFilesSink); FileSink is the local one"
+                     if scheme in AZURE_SCHEMES else
                      f"{scheme}:// is not supported; mount the store (gcsfuse, an HDFS NFS gateway) on "
-                     "every node and give the mount path, or use twophase-s3 / twophase-delta")
-            raise ConfigurationError(f"twophase-file: option 'path'={raw_path!r} is a {scheme}:// URL, but twophase-file "
+                     "every node and give the mount path, or use twophase-s3 / twophase-delta, or twophase-file "
+                     "with an abfss:// path on Azure")
+            raise ConfigurationError(f"twophase-file: option 'path'={raw_path!r} is a {scheme}:// URL, but FileSink "
                                      "writes to a local or shared mounted filesystem (hard links make its commit "
                                      f"atomic); {where}")
         path = os.path.abspath(os.path.expanduser(raw_path.removeprefix("file://")))
-        opts = cls(path=path, format=fo.format, partition_by=o["partitionBy"], max_file_size=o["maxFileSize"],
-                   compression=fo.compression, format_options=fo, sink_id=o["sink.id"], guarantee=Guarantee.parse(o["guarantee"]),
-                   log_location=o["log.location"], log_retain=o["log.retain"], owner=o["checkpointlocation"])
+        opts = cls(path=path, **cls.common(o, fo))
         check_partition_columns("twophase-file", opts.partition_by, schema)
         return opts
+
+
+def file_sink_from_options(raw: Mapping[str, Any], schema: Any = None) -> "SinkSpec[Any]":
+    """The sink of format ``twophase-file`` for these options: on an Azure path (``abfss://``, ``abfs://``,
+    ``az://``, ``wasbs://``) the Azure file sink (:class:`~twophase.sinks.azure_files.AzureFilesSink`: block
+    blobs committed at the driver's commit, no rename), else the local :class:`FileSink` (hard links)."""
+    path = next((str(v) for k, v in raw.items() if k.lower() == "path"), "")
+    if is_azure_url(path):
+        from twophase.sinks.azure_files import AzureFilesSink
+        return AzureFilesSink.from_options(raw, schema)
+    return FileSink.from_options(raw, schema)
 
 
 @dataclass

@@ -50,26 +50,23 @@ Invariants (``test_s3_sink_invN_*``):
 
 from __future__ import annotations
 
-from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping, Optional, Sequence, TypedDict
-
-import pyarrow as pa
+from typing import Any, ClassVar, Collection, Mapping, TypedDict
 
 from twophase.naming import internal_rel, part_file_name
 from twophase.sinks._s3 import (MIN_PART_SIZE, MultipartStream, abort_lingering_uploads, abort_own_uploads,  # noqa: F401
                                 abort_upload, check_bucket, complete_upload, list_own_uploads, multipart_etag)
-from twophase.sinks._filelike import FileLikeWriter, check_partition_columns
-from twophase.sinks._formats import FORMAT_OPTIONS, FormatOptions, FormatWriter, format_options, open_format_writer
-from twophase import faults
+from twophase.sinks._filelike import FileLikeOptions, check_partition_columns
+from twophase.sinks._formats import FORMAT_OPTIONS, format_options
+from twophase.sinks._objectstore import ObjectStore, ObjectStoreCommitter, ObjectStoreSpec, ObjectStoreWriter
 from twophase._logging import get_logger
 from twophase._redact import safe_repr
-from twophase.errors import ConfigurationError, DataLossError
+from twophase.errors import ConfigurationError
 from twophase.log import TransactionLog
 from twophase.log_s3 import S3_CLIENT_OPTIONS, S3Config, open_log_store, parse_s3_url, s3_config_from
 from twophase.options import Option, parse_choice, parse_list, parse_options, parse_size
-from twophase.sink import (Committable, CommitResult, CommitStatus, Guarantee, SinkCommitter, SinkSpec,
-                           TransactionContext)
+from twophase.sink import Committable, Guarantee, TransactionContext
 
 _log = get_logger(__name__)
 
@@ -89,25 +86,14 @@ S3_OPTIONS: tuple[Option[Any], ...] = (
 
 
 @safe_repr
-@dataclass(frozen=True)
-class S3SinkOptions:
+@dataclass(frozen=True, kw_only=True)
+class S3SinkOptions(FileLikeOptions):
     """Validated options of the S3 sink (see :data:`S3_OPTIONS`)."""
 
     bucket: str
     prefix: str
     s3: S3Config = field(default_factory=S3Config)
-    format: str = "parquet"
-    partition_by: tuple[str, ...] = ()
     part_size: int = 5 << 20
-    max_file_size: int = 128 << 20
-    compression: str = "snappy"
-    #: format, codec, maxRecordsPerFile and the CSV options, validated (:func:`~twophase.sinks._formats.format_options`)
-    format_options: FormatOptions = field(default_factory=FormatOptions)
-    sink_id: Optional[str] = None
-    guarantee: Guarantee = Guarantee.EXACTLY_ONCE
-    log_location: Optional[str] = None
-    log_retain: int = 100
-    owner: Optional[str] = None
 
     @property
     def url(self) -> str:
@@ -124,23 +110,13 @@ class S3SinkOptions:
                                      "size of 5 MiB; use at least 5m")
         if o["maxFileSize"] < o["partSize"]:
             raise ConfigurationError("twophase-s3: option 'maxFileSize' must be at least 'partSize'")
-        opts = cls(bucket=bucket, prefix=prefix, s3=s3_config_from(o), format=fo.format,
-                   partition_by=o["partitionBy"], part_size=o["partSize"], max_file_size=o["maxFileSize"],
-                   compression=fo.compression, format_options=fo, sink_id=o["sink.id"], guarantee=Guarantee.parse(o["guarantee"]),
-                   log_location=o["log.location"], log_retain=o["log.retain"], owner=o["checkpointlocation"])
+        opts = cls(bucket=bucket, prefix=prefix, s3=s3_config_from(o), part_size=o["partSize"], **cls.common(o, fo))
         check_partition_columns("twophase-s3", opts.partition_by, schema)
         return opts
 
 
 def object_name(context: TransactionContext, seq: int, ext: str) -> str:
     return part_file_name(context.sink_id, context.checkpoint_id, context.task_id, context.attempt_uid, seq, ext)
-
-
-@dataclass
-class _OpenObject:
-    key: str
-    stream: MultipartStream
-    writer: FormatWriter
 
 
 class Upload(TypedDict):
@@ -164,30 +140,21 @@ class S3Committable(Committable):
     guarantee: str = Guarantee.EXACTLY_ONCE.value
 
 
-class S3Sink(SinkSpec[S3Committable]):
-    """Exactly-once Parquet / JSON lines / CSV objects on S3 through multipart uploads."""
+class S3Sink(ObjectStoreSpec[S3Committable]):
+    """Exactly-once Parquet / JSON lines / CSV objects on S3 through multipart uploads.
 
-    #: abort orphan uploads right after each commit too (invariant 4), not only at the recovery before the
-    #: next micro-batch, which never comes after the last batch of a run: one ListMultipartUploads
-    #: (prefix-scoped, paged by 1000 uploads in progress) per batch
-    sweep_after_commit = True
-    supports_write_jobs = True
+    It aborts orphan uploads right after each commit too (``sweep_after_commit``, invariant 4), not only at
+    the recovery before the next micro-batch, which never comes after the last batch of a run: one
+    ListMultipartUploads (prefix-scoped, paged by 1000 uploads in progress) per batch."""
+
+    options_class = S3SinkOptions
 
     def __init__(self, options: S3SinkOptions) -> None:
         self.options = options
         self.sink_id = options.sink_id or f"s3:{options.url}"
         self.guarantee = options.guarantee
         self._client: Any = None
-
-    @classmethod
-    def from_options(cls, raw: Mapping[str, Any], schema: Any = None) -> "S3Sink":
-        return cls(S3SinkOptions.from_options(raw, schema))
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"options": self.options}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["options"])
+        self.store = S3Objects(self)
 
     @property
     def client(self) -> Any:
@@ -214,132 +181,53 @@ class S3Sink(SinkSpec[S3Committable]):
         return S3Committer(self)
 
 
-class S3Writer(FileLikeWriter[S3Committable]):
-    """Task side: one multipart upload per output file, parts uploaded in the background."""
+class S3Objects(ObjectStore):
+    """The S3 sink's files: one multipart upload each (invariants 1-4; :mod:`twophase.sinks._s3`)."""
 
-    def __init__(self, sink: S3Sink, context: TransactionContext) -> None:
-        o = sink.options
-        super().__init__(context, partition_by=o.partition_by, max_file_size=o.max_file_size,
-                         max_records=o.format_options.max_records_per_file, upload_threads=2)
-        self.sink = sink
-
-    def open_file(self, part_rel: str, schema: pa.Schema) -> _OpenObject:
-        o = self.sink.options
-        name = self.next_name(o.format_options.extension)
-        key = self.sink.key(f"{part_rel}/{name}" if part_rel else name)
-        assert self.pool is not None
-        stream = MultipartStream(self.sink.client, o.bucket, key, o.part_size, self.pool)
-        writer = open_format_writer(o.format_options, stream, schema)
-        return _OpenObject(key, stream, writer)
-
-    def finish_file(self, f: _OpenObject) -> dict[str, Any]:
-        f.writer.close()
-        parts = f.stream.finish()
-        return {"bucket": self.sink.options.bucket, "key": f.key, "upload_id": f.stream.upload_id,
-                "parts": parts, "etag": multipart_etag(parts), "bytes": f.stream.tell(), "records": f.writer.records}
-
-    def after_finish(self) -> None:
-        if self.sink.guarantee is Guarantee.AT_LEAST_ONCE:  # task-level commit: visible now, duplicates on replay
-            for u in self.finished:
-                complete_upload(self.sink.client, u)
-
-    def committable(self) -> S3Committable:
-        c = self.context
-        return S3Committable(checkpoint_id=c.checkpoint_id, task_id=c.task_id, attempt_uid=c.attempt_uid,
-                             records=self.records, uploads=list(self.finished),  # type: ignore[arg-type]
-                             guarantee=self.sink.guarantee.value)
-
-    def discard_open(self, f: _OpenObject) -> None:
-        f.stream.abort()
-
-    def discard_finished(self, entry: dict[str, Any]) -> None:
-        abort_upload(self.sink.client, entry["bucket"], entry["key"], entry["upload_id"])
-
-
-class S3Committer(SinkCommitter[S3Committable]):
-    """Driver side: complete (invariants 1, 2) or abort (3) uploads; sweep this sink's orphans (4)."""
-
-    committable_type = S3Committable
-    commit_parallelism = 8
-    sweep_with_commit = True  # invariant 4: an upload completed again after the sweep is "already"
+    kind = "s3"
 
     def __init__(self, sink: S3Sink) -> None:
         self.sink = sink
-        #: the sweep's listing taken while a checkpoint's uploads completed: (its id, the listing, its upload ids)
-        self._listed: Optional[tuple[int, Future, frozenset[str]]] = None
 
-    def commit(self, committable: S3Committable, *, recovering: bool = False) -> CommitResult[S3Committable]:
-        if committable.guarantee == Guarantee.AT_LEAST_ONCE.value:
-            return CommitResult(committable, CommitStatus.COMMITTED)
-        try:
-            outcomes = [complete_upload(self.sink.client, u) for u in committable.uploads]
-        except DataLossError as e:  # invariant 2: gone, and no object with its ETag
-            return CommitResult(committable, CommitStatus.LOST, str(e))
-        _log.debug("s3_committed", sink_id=self.sink.sink_id, checkpoint_id=committable.checkpoint_id,
-                   task=committable.task_id, uploads=len(outcomes), already=outcomes.count("already"))
-        already = bool(outcomes) and all(o == "already" for o in outcomes)
-        return CommitResult(committable, CommitStatus.ALREADY_COMMITTED if already else CommitStatus.COMMITTED)
+    def key(self, rel: str) -> str:
+        return self.sink.key(rel)
 
-    def commit_checkpoint(self, checkpoint_id: int, committables: Sequence[S3Committable], *,
-                          recovering: bool = False) -> list[CommitResult[S3Committable]]:
-        """Complete every upload of the checkpoint concurrently (invariant 5); one result per committable,
-        as :meth:`commit` gives it. A failure other than data loss is raised once the others finished."""
-        if not committables:
-            return []
-        jobs = [(i, u) for i, c in enumerate(committables) if c.guarantee != Guarantee.AT_LEAST_ONCE.value
-                for u in c.uploads]
-        outcomes: list[list[str]] = [[] for _ in committables]
-        lost: dict[int, str] = {}
-        if jobs:
-            o = self.sink.options
-            with ThreadPoolExecutor(min(self.commit_parallelism, len(jobs)) + 1, thread_name_prefix="twophase-commit") as pool:
-                futures = {pool.submit(complete_upload, self.sink.client, u): i for i, u in jobs}
-                # the sweep's listing, beside the completions (invariant 5); the sweep uses it only after them
-                self._listed = (checkpoint_id, pool.submit(list_own_uploads, self.sink.client, o.bucket, o.prefix,
-                                                           self.sink.sink_id),
-                                frozenset(str(u["upload_id"]) for _, u in jobs))
-                for n, done in enumerate(as_completed(futures)):
-                    i = futures[done]
-                    try:
-                        outcomes[i].append(done.result())
-                    except DataLossError as e:  # invariant 2: gone, and no object with its ETag
-                        lost[i] = f"{lost[i]}; {e}" if i in lost else str(e)
-                    if n == 0:
-                        faults.maybe_crash("mid_commit", checkpoint_id)
-        else:
-            faults.maybe_crash("mid_commit", checkpoint_id)
-        results = []
-        for i, c in enumerate(committables):
-            if i in lost:
-                results.append(CommitResult(c, CommitStatus.LOST, lost[i]))
-                continue
-            already = bool(outcomes[i]) and all(o == "already" for o in outcomes[i])
-            results.append(CommitResult(c, CommitStatus.ALREADY_COMMITTED if already else CommitStatus.COMMITTED))
-        _log.debug("s3_checkpoint_committed", sink_id=self.sink.sink_id, checkpoint_id=checkpoint_id,
-                   uploads=len(jobs), already=sum(o.count("already") for o in outcomes), lost=len(lost))
-        return results
+    def open_stream(self, key: str, pool: ThreadPoolExecutor) -> MultipartStream:
+        return MultipartStream(self.sink.client, self.sink.options.bucket, key, self.sink.options.part_size, pool)
 
-    def abort(self, committable: S3Committable, *, recovering: bool = False) -> None:
-        if committable.guarantee == Guarantee.AT_LEAST_ONCE.value:
-            return
-        for u in committable.uploads:
-            abort_upload(self.sink.client, u["bucket"], u["key"], u["upload_id"])
+    def finish(self, key: str, stream: MultipartStream) -> dict[str, Any]:
+        parts = stream.finish()
+        return {"bucket": self.sink.options.bucket, "key": key, "upload_id": stream.upload_id, "parts": parts,
+                "etag": multipart_etag(parts), "bytes": stream.tell()}
 
-    def abort_lingering(self, up_to_checkpoint: int, highest_committed: Optional[int] = None) -> int:
-        """Abort this sink's uploads of checkpoints ``<= up_to_checkpoint`` (invariant 4); right after the
-        commit of ``up_to_checkpoint`` with the listing taken during it (invariant 5)."""
+    def complete(self, entry: Mapping[str, Any]) -> str:
+        return complete_upload(self.sink.client, entry)
+
+    def abort(self, entry: Mapping[str, Any]) -> None:
+        abort_upload(self.sink.client, entry["bucket"], entry["key"], entry["upload_id"])
+
+    def entry_id(self, entry: Mapping[str, Any]) -> str:
+        return str(entry["upload_id"])
+
+    def list_own(self, sink_id: str) -> list[tuple[str, str, int]]:
         o = self.sink.options
-        listed, self._listed = self._listed, None
-        uploads, keep = None, frozenset()
-        if listed is not None and listed[0] == up_to_checkpoint:
-            try:
-                uploads, keep = listed[1].result(), listed[2]
-            except Exception as e:  # noqa: BLE001 - list again below
-                _log.warning("s3_sweep_listing_failed", sink_id=self.sink.sink_id, checkpoint_id=up_to_checkpoint,
-                             error=str(e), consequence="listed again")
-        if uploads is None:
-            uploads = list_own_uploads(self.sink.client, o.bucket, o.prefix, self.sink.sink_id)
-        n = abort_own_uploads(self.sink.client, o.bucket, uploads, up_to_checkpoint, keep)
-        if n:
-            _log.info("lingering_aborted", sink_id=self.sink.sink_id, up_to=up_to_checkpoint, uploads=n)
-        return n
+        return list_own_uploads(self.sink.client, o.bucket, o.prefix, sink_id)
+
+    def drop_own(self, pending: Collection[tuple[str, str, int]], up_to: int, keep_ids: Collection[str]) -> int:
+        return abort_own_uploads(self.sink.client, self.sink.options.bucket, pending, up_to, keep_ids)
+
+
+class S3Writer(ObjectStoreWriter[S3Committable]):
+    """Task side: one multipart upload per output file, parts uploaded in the background."""
+
+    committable_class = S3Committable
+    entries_field = "uploads"
+
+
+class S3Committer(ObjectStoreCommitter[S3Committable]):
+    """Driver side: complete (invariants 1, 2) or abort (3) uploads, a checkpoint's at once (5); sweep this
+    sink's orphans (4) with the commit (``sweep_with_commit``: an upload completed again after the sweep is
+    "already", invariant 2)."""
+
+    committable_type = S3Committable
+    entries_field = "uploads"

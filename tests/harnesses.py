@@ -107,6 +107,42 @@ class S3Harness(SinkHarness):
         return len([u for u in ups if own_part_checkpoint(u["Key"].rsplit("/", 1)[-1], sink.sink_id) is not None])
 
 
+class AzureFilesHarness(SinkHarness):
+    """twophase-file on an Azure path (the Azure file sink) in a container of a real Blob server (Azurite);
+    ``service`` is a BlobServiceClient. Leftovers: this sink's names with staged blocks only."""
+
+    name = "files-azure"
+
+    def __init__(self, url: str, options: dict[str, str], service: Any, container: str, prefix: str) -> None:
+        self.url, self.options, self.service, self.container, self.prefix = url, options, service, container, prefix
+
+    def make_sink(self, sink_id: str) -> Any:
+        from twophase.sinks.files import file_sink_from_options
+        s = file_sink_from_options({"path": self.url, "sink.id": sink_id, **self.options})
+        s.validate_destination()
+        return s
+
+    def _names(self, uncommitted: bool) -> set[str]:
+        c = self.service.get_container_client(self.container)
+        return {b.name for b in c.list_blobs(name_starts_with=f"{self.prefix}/",
+                                             include=["uncommittedblobs"] if uncommitted else None)
+                if not any(p.startswith(("_", ".")) for p in b.name[len(self.prefix) + 1:].split("/"))}
+
+    def visible_ids(self) -> list[int]:
+        import io
+
+        import pyarrow.parquet as pq
+        c = self.service.get_container_client(self.container)
+        out: list[int] = []
+        for name in self._names(False):
+            out += pq.read_table(io.BytesIO(c.get_blob_client(name).download_blob().readall())).column("id").to_pylist()
+        return sorted(out)
+
+    def leftovers(self, sink: Any) -> int:
+        staged = self._names(True) - self._names(False)
+        return len([n for n in staged if own_part_checkpoint(n.rsplit("/", 1)[-1], sink.sink_id) is not None])
+
+
 class KafkaHarness(SinkHarness):
     """twophase-kafka on a fresh topic of a real broker; rows are ``key``/``value`` with the id in the value.
 

@@ -132,7 +132,7 @@ def test_s3_sink_takes_the_same_format_options():
 @pytest.mark.parametrize("url, match", [("s3a://bucket/out", "twophase-s3"), ("s3://bucket/out", "twophase-s3"),
                                         ("gs://bucket/out", "gs:// is not supported"),
                                         ("abfss://c@acct.dfs.core.windows.net/out",
-                                         "abfss:// is not supported by twophase-file yet; on Azure use format twophase-delta"),
+                                         "on Azure, format twophase-file takes this path itself"),
                                         ("hdfs://nn:8020/out", "hdfs:// is not supported")])
 def test_file_sink_refuses_a_url_instead_of_writing_a_local_folder_named_after_it(tmp_path, url, match, monkeypatch):
     """Before: 's3a://bucket/out' became the local folder ./s3a:/bucket/out on each executor (data nowhere

@@ -1,8 +1,8 @@
-"""One driver of twophase-delta on Azure, without Spark, for the crash tests: recover, write checkpoint
-``cid`` with two tasks, complete it. Run in its own session (``integration.jobrun``) so that an injected
-fault (``TWOPHASE_FAULT``) SIGKILLs exactly this process.
+"""One driver of twophase-delta (or, with ``file``, twophase-file) on Azure, without Spark, for the crash
+tests: recover, write checkpoint ``cid`` with two tasks, complete it. Run in its own session
+(``integration.jobrun``) so that an injected fault (``TWOPHASE_FAULT``) SIGKILLs exactly this process.
 
-    python commit_job.py '<sink options as JSON>' <checkpoint id>
+    python commit_job.py '<sink options as JSON>' <checkpoint id> [delta|file]
 """
 
 from __future__ import annotations
@@ -33,8 +33,10 @@ def main() -> None:
     from twophase.coordinator import CheckpointCoordinator
     from twophase.sink import TransactionContext, run_task
     from twophase.sinks.delta import DeltaSink
+    from twophase.sinks.files import file_sink_from_options
     options, cid = json.loads(sys.argv[1]), int(sys.argv[2])
-    sink = DeltaSink.from_options(options, SCHEMA)
+    kind = sys.argv[3] if len(sys.argv) > 3 else "delta"
+    sink = file_sink_from_options(options, SCHEMA) if kind == "file" else DeltaSink.from_options(options, SCHEMA)
     sink.validate_destination()
     log = sink.transaction_log()
     log.claim("azure-commit-job")

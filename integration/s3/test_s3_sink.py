@@ -22,6 +22,16 @@ from twophase.sink import TransactionContext, run_task
 pytestmark = [pytest.mark.s3]
 
 
+@pytest.fixture(autouse=True)
+def _fresh_s3_clients():
+    """Each test its own boto3 clients: the process shares one per configuration (:meth:`S3Config.client`), so
+    an event handler a test registers on ``sink.client`` (a barrier, a counter) would fire in the next tests."""
+    yield
+    from twophase import log_s3
+    with log_s3._CLIENTS_LOCK:
+        log_s3._CLIENTS.clear()
+
+
 def config(server: S3Server) -> S3Config:
     return S3Config(server.endpoint, "us-east-1", server.access_key, server.secret_key)
 
@@ -221,7 +231,7 @@ def test_s3_sink_requests_per_batch_in_the_steady_state(s3_server: S3Server) -> 
     calls: collections.Counter[str] = collections.Counter()
     for cid in range(3):
         if cid == 1:  # batch 0 created the log; count batches 1 and 2 (the sink's and the log's clients)
-            for client in (sink.client, log.store.client):
+            for client in {id(c): c for c in (sink.client, log.store.client)}.values():  # one shared client: once
                 client.meta.events.register("before-call.s3", lambda model, **_: calls.update([model.name]))
         CheckpointCoordinator(sink, log).recover()
         acks = [run_task(sink, TransactionContext(sink.sink_id, cid, str(t)), [rows(10)]) for t in range(2)]

@@ -61,9 +61,10 @@ def data_source_classes() -> list[type]:
 
 
 def data_source_for(sink: Any) -> Optional[type]:
-    """The registered data source class whose ``spec_class`` is ``type(sink)`` (None if none is)."""
+    """The registered data source class whose ``spec_class`` (or one of its ``also_builds``) is ``type(sink)``
+    (None if none is)."""
     for cls in data_source_classes():
-        if getattr(cls, "spec_class", None) is type(sink):
+        if getattr(cls, "spec_class", None) is type(sink) or type(sink) in getattr(cls, "also_builds", ()):
             return cls
     return None
 

@@ -182,6 +182,8 @@ class TwoPhaseSinkDataSource(DataSource, abc.ABC):
     short_name: str = ""
     #: the :class:`~twophase.sink.SinkSpec` class this format builds (``foreach_batch`` finds the format by it)
     spec_class: Optional[type] = None
+    #: other spec classes ``build_sink`` may return for some options (twophase-file: the Azure file sink)
+    also_builds: tuple[type, ...] = ()
 
     @classmethod
     def check_sink_columns(cls, what: str, sink: SinkSpec[Any], schema: StructType) -> None:

@@ -1,0 +1,225 @@
+"""Exactly-once files on Azure Blob Storage (and ADLS Gen2 through its Blob API): each file a block blob whose
+blocks are staged while the task writes and committed by the DRIVER with one Put Block List.
+
+Format ``twophase-file`` takes this sink for an Azure path (``abfss://container@account.dfs.core.windows.net/out``,
+``abfs://``, ``wasbs://``, ``az://container/out``), so the same query writes to a local folder or to Azure.
+Blob Storage has no atomic rename and no hard link (ADLS Gen2's rename is not on the Blob API, and not
+conditional on a missing target), so a file is not staged elsewhere and moved: it is made visible where it
+lies, whole, by committing its blocks.
+
+Layout under the path (the container's ``prefix``)::
+
+    <prefix>/<a=1>/part-<token>-<ckpt>-<task>-<attempt>-<seq>.<ext>   blobs (visible once committed)
+    <prefix>/_twophase/<token>/log/                                   the transaction log (an Azure log store)
+
+One transaction (a task's share of a checkpoint), in the shape of the S3 sink (:mod:`twophase.sinks.s3`;
+the writer and committer are :mod:`twophase.sinks._objectstore`'s, shared with it):
+
+- ``write`` encodes rows (Parquet, JSON lines, CSV) and stages a block (Put Block) each time ``blockSize``
+  bytes are buffered, in the background; a name with staged blocks only is no blob: no read and no listing
+  (but one with ``include=uncommittedblobs``) sees it;
+- ``prepare_commit`` stages the last block and returns the committable (:class:`AzureFilesCommittable`):
+  ``{container, name, block_ids, bytes, records}`` per file;
+- the committer commits every file of a checkpoint at once (Put Block List, ``If-None-Match: *``).
+
+Invariants (``test_azure_files_sink_invN_*``):
+
+1. A blob appears under the path only through ``commit`` (Put Block List of exactly its staged blocks),
+   whole; never over another blob (``If-None-Match: *``).
+2. ``commit`` is idempotent: a blob there with exactly the committed block list and size of the entry was
+   committed before (ALREADY_COMMITTED). A blob of other content is never overwritten: an error naming it
+   while the staged blocks are there, LOST once they are gone. No blob and no staged blocks (dropped; Azure
+   drops uncommitted blocks after seven days: a checkpoint pre-committed but not committed within seven
+   days) is LOST, naming the file: the coordinator stops with DataLossError, never a silent skip.
+3. ``abort`` only drops staged blocks (:func:`~twophase.sinks._azure.drop_uncommitted`: a conditional empty
+   commit and a delete of exactly that empty blob); it never deletes a committed blob. Azure has no other way
+   to discard staged blocks before its seven days (Delete Blob answers 404 for a name with staged blocks
+   only), so for the time of one request a loser's name is an EMPTY blob: Spark skips empty files; another
+   reader listing at that instant may see a 0-byte file (never a partial one, never a duplicate row).
+4. ``abort_lingering(n)`` drops the staged-only names under the path of checkpoints ``<= n`` that carry this
+   sink's token (crashed, failed, speculative or zombie attempts): never another sink's, never a committed
+   blob. It runs right after each commit (``sweep_after_commit``), WITH the commit (``sweep_with_commit``:
+   a commit of the checkpoint again after the sweep is still ALREADY_COMMITTED, invariant 2, since the
+   sweep keeps the checkpoint's own names and never touches a committed blob). Cost: two listings of the
+   path per batch (with and without ``include=uncommittedblobs``; Azure lists no staged blocks alone), one
+   request per 5000 names each, taken while the checkpoint's blobs are committed.
+5. ``commit_checkpoint`` commits every file of a checkpoint at once (``commit_parallelism`` threads);
+   fault point ``mid_commit`` fires when the first is committed.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Collection, Mapping, TypedDict
+
+from twophase._redact import safe_repr
+from twophase.errors import ConfigurationError
+from twophase.log import TransactionLog
+from twophase.log_azure import AZURE_CLIENT_OPTIONS, AzureConfig, azure_config_from, parse_azure_url
+from twophase.log_s3 import open_log_store
+from twophase.naming import internal_rel
+from twophase.options import Option, parse_list, parse_options, parse_size
+from twophase.sink import Committable, Guarantee, TransactionContext
+from twophase.sinks._azure import BlockBlobStream, check_container, commit_staged, drop_uncommitted, list_own_staged
+from twophase.sinks._filelike import FileLikeOptions, check_partition_columns
+from twophase.sinks._formats import FORMAT_OPTIONS, format_options
+from twophase.sinks._objectstore import ObjectStore, ObjectStoreCommitter, ObjectStoreSpec, ObjectStoreWriter
+
+SINK = "twophase-file"
+#: Azure's limits: at most 50,000 blocks per blob, each at most 4000 MiB
+MAX_BLOCKS, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE = 50_000, 4000 << 20, 64 << 10
+
+AZURE_FILE_OPTIONS: tuple[Option[Any], ...] = (
+    Option("path", str, required=True, help="where blobs go: abfss://container@account.dfs.core.windows.net/prefix"),
+    *FORMAT_OPTIONS,
+    Option("partitionBy", parse_list, (), help="comma-separated Hive partition columns"),
+    Option("blockSize", parse_size, 8 << 20,
+           help="bytes per staged block (Put Block), 64k to 4000m; a file has at most 50,000 blocks"),
+    Option("maxFileSize", parse_size, 128 << 20, help="roll to a new blob past this many bytes (e.g. 128m)"),
+    *AZURE_CLIENT_OPTIONS,
+)
+
+
+@safe_repr
+@dataclass(frozen=True, kw_only=True)
+class AzureFilesOptions(FileLikeOptions):
+    """Validated options of the Azure file sink (see :data:`AZURE_FILE_OPTIONS`)."""
+
+    container: str
+    prefix: str
+    #: ``abfss://container@account.dfs.core.windows.net/prefix``, whatever form the path had
+    url: str
+    azure: AzureConfig = field(default_factory=AzureConfig)
+    block_size: int = 8 << 20
+
+    @classmethod
+    def from_options(cls, raw: Mapping[str, Any], schema: Any = None) -> "AzureFilesOptions":
+        """Parse Spark's string options (the account's credentials resolved here, on the driver)."""
+        o = parse_options(raw, AZURE_FILE_OPTIONS, sink=SINK)
+        fo = format_options(o, sink=SINK)
+        url = parse_azure_url(o["path"])
+        azure = azure_config_from(o).resolve(url, option="path")
+        bs = o["blockSize"]
+        if not MIN_BLOCK_SIZE <= bs <= MAX_BLOCK_SIZE:
+            raise ConfigurationError(f"{SINK}: option 'blockSize'={bs} is outside Azure's block sizes; give 64k to 4000m")
+        if o["maxFileSize"] > MAX_BLOCKS * bs // 2:
+            raise ConfigurationError(f"{SINK}: option 'maxFileSize'={o['maxFileSize']} needs more than half of Azure's "
+                                     f"{MAX_BLOCKS} blocks per blob of option 'blockSize'={bs}; raise 'blockSize' or "
+                                     "lower 'maxFileSize'")
+        opts = cls(container=url.container, prefix=url.prefix, url=url.canonical(str(azure.account_name)), azure=azure,
+                   block_size=bs, **cls.common(o, fo))
+        check_partition_columns(SINK, opts.partition_by, schema)
+        return opts
+
+
+class StagedBlob(TypedDict):
+    """One finished file of a committable: its staged blocks, committed by the driver."""
+
+    container: str
+    name: str
+    block_ids: list[str]
+    bytes: int
+    records: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class AzureFilesCommittable(Committable):
+    """An Azure file transaction's handle: every blob it staged, committed by the committer."""
+
+    kind: ClassVar[str] = "azure-files"
+    blobs: list[StagedBlob] = field(default_factory=list)
+    guarantee: str = Guarantee.EXACTLY_ONCE.value
+
+
+class AzureFilesSink(ObjectStoreSpec[AzureFilesCommittable]):
+    """Exactly-once Parquet / JSON lines / CSV files on Azure Blob Storage through staged blocks (swept right
+    after each commit, invariant 4)."""
+
+    options_class = AzureFilesOptions
+
+    def __init__(self, options: AzureFilesOptions) -> None:
+        self.options = options
+        self.sink_id = options.sink_id or f"file:{options.url}"
+        self.guarantee = options.guarantee
+        self.store = AzureBlobs(self)
+
+    def validate_destination(self) -> None:
+        """Missing container, refused credentials, unreachable endpoint: a ConfigurationError now."""
+        check_container(self.options.azure, self.options.container, self.options.prefix, sink=SINK,
+                        url=self.options.url)
+
+    def transaction_log(self) -> TransactionLog:
+        """Beside the data, in the container (``<path>/_twophase/<token>/log``), unless ``log.location``."""
+        loc = self.options.log_location or f"{self.options.url}/{internal_rel(self.sink_id)}/log"
+        return TransactionLog(open_log_store(loc, self.options.azure), self.sink_id, retain=self.options.log_retain)
+
+    def create_writer(self, context: TransactionContext) -> "AzureFilesWriter":
+        return AzureFilesWriter(self, context)
+
+    def create_committer(self) -> "AzureFilesCommitter":
+        return AzureFilesCommitter(self)
+
+
+class AzureBlobs(ObjectStore):
+    """The Azure file sink's files: one block blob each (invariants 1-4; :mod:`twophase.sinks._azure`)."""
+
+    kind = "azure"
+
+    def __init__(self, sink: AzureFilesSink) -> None:
+        self.sink = sink
+        self._client: Any = None
+
+    @property
+    def client(self) -> Any:
+        """The container's client (made on first use in each process)."""
+        if self._client is None:
+            self._client = self.sink.options.azure.container_client(self.sink.options.container)
+        return self._client
+
+    def key(self, rel: str) -> str:
+        p = self.sink.options.prefix
+        return f"{p}/{rel}" if p else rel
+
+    def where(self, name: str) -> str:
+        a = self.sink.options.azure.account_name
+        return f"abfss://{self.sink.options.container}@{a}.dfs.core.windows.net/{name}"
+
+    def open_stream(self, key: str, pool: ThreadPoolExecutor) -> BlockBlobStream:
+        return BlockBlobStream(self.client.get_blob_client(key), self.sink.options.block_size, pool)
+
+    def finish(self, key: str, stream: BlockBlobStream) -> dict[str, Any]:
+        ids = stream.finish()
+        return {"container": self.sink.options.container, "name": key, "block_ids": ids, "bytes": stream.tell()}
+
+    def complete(self, entry: Mapping[str, Any]) -> str:
+        return commit_staged(self.client.get_blob_client(entry["name"]), list(entry["block_ids"]), int(entry["bytes"]),
+                             where=self.where(entry["name"]))
+
+    def abort(self, entry: Mapping[str, Any]) -> None:
+        drop_uncommitted(self.client.get_blob_client(entry["name"]))
+
+    def entry_id(self, entry: Mapping[str, Any]) -> str:
+        return str(entry["name"])
+
+    def list_own(self, sink_id: str) -> list[tuple[str, str, int]]:
+        return list_own_staged(self.client, self.sink.options.prefix, sink_id)
+
+    def drop_own(self, pending: Collection[tuple[str, str, int]], up_to: int, keep_ids: Collection[str]) -> int:
+        return sum(1 for name, _, cid in pending
+                   if cid <= up_to and name not in keep_ids and drop_uncommitted(self.client.get_blob_client(name)))
+
+
+class AzureFilesWriter(ObjectStoreWriter[AzureFilesCommittable]):
+    """Task side: one block blob per output file, blocks staged in the background."""
+
+    committable_class = AzureFilesCommittable
+    entries_field = "blobs"
+
+
+class AzureFilesCommitter(ObjectStoreCommitter[AzureFilesCommittable]):
+    """Driver side: commit (invariants 1, 2) or drop (3) staged blocks, a checkpoint's at once (5); sweep this
+    sink's staged-only names (4) with the commit."""
+
+    committable_type = AzureFilesCommittable
+    entries_field = "blobs"
