@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import contextlib
 import io
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterator, Optional
 
+from twophase.sinks._chunked import ChunkedUploadStream
 from twophase.errors import CommitFailedError, ConfigurationError, DataLossError, TransientSinkError
 from twophase.log_azure import AzureConfig, azure_error_code, http_status
 from twophase.naming import own_part_checkpoint
@@ -35,59 +36,30 @@ def block_id(n: int) -> str:
     return f"{n:08d}"
 
 
-class BlockBlobStream(io.RawIOBase):
+class BlockBlobStream(ChunkedUploadStream):
     """A write-only binary stream that becomes one block blob, invisible until :func:`commit_blocks`.
 
     Bytes are buffered and staged as a block (Put Block) whenever ``block_size`` is reached, at most two
-    blocks in flight on ``pool``; :meth:`finish` stages the rest and returns the block ids in order."""
+    blocks in flight on ``pool`` (:class:`~twophase.sinks._chunked.ChunkedUploadStream`); :meth:`finish`
+    stages the rest and returns the block ids in order."""
 
     def __init__(self, blob: Any, block_size: int, pool: ThreadPoolExecutor) -> None:
-        super().__init__()
-        self.blob, self.block_size, self.pool = blob, block_size, pool
+        super().__init__(block_size, pool)
+        self.blob, self.block_size = blob, block_size
         self.name = blob.blob_name
-        self._buf = bytearray()
-        self._pos = 0
-        self._futures: list[Future] = []
 
-    def writable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def write(self, b: Any) -> int:
-        data = memoryview(b).cast("B")
-        self._buf += data
-        self._pos += len(data)
-        while len(self._buf) >= self.block_size:
-            chunk = bytes(self._buf[:self.block_size])
-            del self._buf[:self.block_size]
-            self._submit(chunk)
-        return len(data)
-
-    def _submit(self, chunk: bytes) -> None:
-        bid = block_id(len(self._futures))
-        self._futures.append(self.pool.submit(self._stage, bid, chunk))
-        pending = [f for f in self._futures if not f.done()]
-        if len(pending) > 2:  # bound memory: wait for the oldest block in flight
-            pending[0].result()
-
-    def _stage(self, bid: str, chunk: bytes) -> str:
+    def _send(self, index: int, chunk: bytes) -> str:
+        bid = block_id(index)
         self.blob.stage_block(bid, chunk, length=len(chunk))
         return bid
 
     def finish(self) -> list[str]:
         """Stage what is buffered as the last block; wait for every block; return their ids in order."""
-        if self._buf or not self._futures:
-            self._submit(bytes(self._buf))
-            self._buf = bytearray()
-        return [f.result() for f in self._futures]
+        return self.finish_chunks()
 
     def abort(self) -> None:
         """Wait for the blocks in flight, then drop them (never a committed blob)."""
-        for f in self._futures:
-            with contextlib.suppress(Exception):
-                f.result()
+        self.wait_in_flight()
         drop_uncommitted(self.blob)
 
 

@@ -12,13 +12,12 @@ Invariants (the S3 sink's, :mod:`twophase.sinks.s3`; ``test_s3_sink_invN_*``):
 from __future__ import annotations
 
 import binascii
-import contextlib
 import hashlib
-import io
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Collection, Mapping, Optional
 
+from twophase.sinks._chunked import ChunkedUploadStream
 from twophase.errors import CommitFailedError, ConfigurationError, DataLossError, TransientSinkError
 from twophase.log_s3 import S3Config, error_code, http_status
 from twophase.naming import own_part_checkpoint
@@ -76,12 +75,13 @@ def multipart_etag(parts: list[Mapping[str, Any]]) -> str:
     return f"{md5.hexdigest()}-{len(parts)}"
 
 
-class MultipartStream(io.RawIOBase):
+class MultipartStream(ChunkedUploadStream):
     """A write-only binary stream that becomes one multipart upload.
 
     Bytes are buffered and uploaded as a part whenever ``part_size`` is reached (at most two parts
-    in flight on ``pool``); :meth:`finish` uploads the rest as the last part and returns the parts.
-    Nothing is visible until someone completes the upload with those parts.
+    in flight on ``pool``, :class:`~twophase.sinks._chunked.ChunkedUploadStream`); :meth:`finish` uploads
+    the rest as the last part and returns the parts. Nothing is visible until someone completes the
+    upload with those parts.
 
     CreateMultipartUpload runs on ``pool`` too, while the task encodes its first part (a request of
     tens of milliseconds no longer waits in front of the encoding). It is queued before any part of
@@ -90,12 +90,9 @@ class MultipartStream(io.RawIOBase):
     """
 
     def __init__(self, client: Any, bucket: str, key: str, part_size: int, pool: ThreadPoolExecutor) -> None:
-        super().__init__()
-        self.client, self.bucket, self.key, self.part_size, self.pool = client, bucket, key, part_size, pool
+        super().__init__(part_size, pool)
+        self.client, self.bucket, self.key, self.part_size = client, bucket, key, part_size
         self._created: Future = pool.submit(client.create_multipart_upload, Bucket=bucket, Key=key)
-        self._buf = bytearray()
-        self._pos = 0
-        self._futures: list[Future] = []
         self._parts: list[dict[str, Any]] = []
 
     @property
@@ -103,46 +100,19 @@ class MultipartStream(io.RawIOBase):
         """The upload's id (waits for CreateMultipartUpload; raises what it raised)."""
         return str(self._created.result()["UploadId"])
 
-    def writable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def write(self, b: Any) -> int:
-        data = memoryview(b).cast("B")
-        self._buf += data
-        self._pos += len(data)
-        while len(self._buf) >= self.part_size:
-            chunk = bytes(self._buf[:self.part_size])
-            del self._buf[:self.part_size]
-            self._submit(chunk)
-        return len(data)
-
-    def _submit(self, chunk: bytes) -> None:
-        number = len(self._futures) + 1
-        self._futures.append(self.pool.submit(self._upload, number, chunk))
-        pending = [f for f in self._futures if not f.done()]
-        if len(pending) > 2:  # bound memory: wait for the oldest part in flight
-            pending[0].result()
-
-    def _upload(self, number: int, chunk: bytes) -> dict[str, Any]:
+    def _send(self, index: int, chunk: bytes) -> dict[str, Any]:
+        number = index + 1  # S3's part numbers start at 1
         r = self.client.upload_part(Bucket=self.bucket, Key=self.key, UploadId=self.upload_id, PartNumber=number,
                                     Body=chunk)
         return {"PartNumber": number, "ETag": r["ETag"]}
 
     def finish(self) -> list[dict[str, Any]]:
         """Upload what is buffered as the last part; wait for every part; return them in order."""
-        if self._buf or not self._futures:
-            self._submit(bytes(self._buf))
-            self._buf = bytearray()
-        self._parts = [f.result() for f in self._futures]
+        self._parts = self.finish_chunks()
         return self._parts
 
     def abort(self) -> None:
-        for f in self._futures:
-            with contextlib.suppress(Exception):
-                f.result()
+        self.wait_in_flight()
         try:
             upload_id = self.upload_id
         except Exception:  # never created: nothing to abort (one created unseen is the sweep's)
