@@ -56,6 +56,13 @@ class AzureServer:
     def url(self, container: str, path: str) -> str:
         return f"abfss://{container}@{self.account}.dfs.core.windows.net/{path}"
 
+    def blob_names(self, container: str, prefix: str, *, uncommitted: bool) -> set[str]:
+        """Names of the blobs under ``prefix/`` (the prefix stripped), with names that have only staged blocks
+        (``include=uncommittedblobs``) if asked."""
+        c = self.service().get_container_client(container)
+        include = ["uncommittedblobs"] if uncommitted else None
+        return {b.name[len(prefix) + 1:] for b in c.list_blobs(name_starts_with=f"{prefix}/", include=include)}
+
     def storage_options(self) -> dict[str, str]:
         """deltalake's storage options for reading back what the sink wrote."""
         out = {"account_name": self.account, "account_key": self.key, "endpoint": self.endpoint}
@@ -95,3 +102,11 @@ def azure_server_fixture() -> Iterator[AzureServer]:
                           env["AZURE_STORAGE_ACCOUNT_KEY"], env["TWOPHASE_AZURE_KIND"])
     finally:
         subprocess.run(["bash", str(SCRIPT), "stop", directory], capture_output=True, timeout=60)
+
+
+def claimed_coordinator(sink: Any, owner: str = "test") -> Any:
+    """A coordinator of ``sink`` whose log ``owner`` claimed, sweeping after each commit as Spark's does."""
+    from twophase.coordinator import CheckpointCoordinator
+    log = sink.transaction_log()
+    log.claim(owner)
+    return CheckpointCoordinator(sink, log, sweep_after_commit=True)

@@ -17,10 +17,9 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from integration.azure.azurite import AzureServer
+from integration.azure.azurite import AzureServer, claimed_coordinator
 from integration.azure.commit_job import SCHEMA, expected_ids, rows
 from integration.jobrun import job_env, run_in_own_session
-from twophase.coordinator import CheckpointCoordinator
 from twophase.errors import ConfigurationError
 from twophase.naming import own_part_checkpoint
 from twophase.sink import CommitStatus, TransactionContext, run_task, sink_token
@@ -39,10 +38,7 @@ def make_sink(server: AzureServer, container: str, **extra: str) -> DeltaSink:
     return sink
 
 
-def coordinator(sink: DeltaSink, owner: str = "test") -> CheckpointCoordinator:
-    log = sink.transaction_log()
-    log.claim(owner)
-    return CheckpointCoordinator(sink, log, sweep_after_commit=True)
+coordinator = claimed_coordinator
 
 
 def table_ids(server: AzureServer, uri: str) -> list[int]:
@@ -51,10 +47,7 @@ def table_ids(server: AzureServer, uri: str) -> list[int]:
 
 def blobs(server: AzureServer, container: str, *, uncommitted: bool) -> set[str]:
     """Data blob names of the table ('table/' stripped), with names that have only staged blocks if asked."""
-    c = server.service().get_container_client(container)
-    include = ["uncommittedblobs"] if uncommitted else None
-    return {b.name[len("table/"):] for b in c.list_blobs(name_starts_with="table/", include=include)
-            if b.name.endswith(".parquet")}
+    return {n for n in server.blob_names(container, "table", uncommitted=uncommitted) if n.endswith(".parquet")}
 
 
 def referenced(server: AzureServer, uri: str) -> set[str]:

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from integration.azure.azurite import AzureServer
+from integration.azure.azurite import AzureServer, claimed_coordinator
 from integration.azure.commit_job import SCHEMA, expected_ids, rows
 from integration.jobrun import job_env, run_in_own_session
 from twophase.coordinator import CheckpointCoordinator
@@ -45,18 +45,13 @@ def make_sink(server: AzureServer, container: str, **extra: str) -> AzureFilesSi
     return sink
 
 
-def coordinator(sink: AzureFilesSink, owner: str = "test") -> CheckpointCoordinator:
-    log = sink.transaction_log()
-    log.claim(owner)
-    return CheckpointCoordinator(sink, log, sweep_after_commit=True)
+coordinator = claimed_coordinator
 
 
 def names(server: AzureServer, container: str, *, uncommitted: bool) -> set[str]:
     """Data blob names under 'out/' ('out/' stripped), with names that have only staged blocks if asked."""
-    c = server.service().get_container_client(container)
-    include = ["uncommittedblobs"] if uncommitted else None
-    return {b.name[len("out/"):] for b in c.list_blobs(name_starts_with="out/", include=include)
-            if b.name.rsplit("/", 1)[-1].startswith("part-")}
+    return {n for n in server.blob_names(container, "out", uncommitted=uncommitted)
+            if n.rsplit("/", 1)[-1].startswith("part-")}
 
 
 def read_ids(server: AzureServer, container: str) -> list[int]:
