@@ -53,3 +53,14 @@ def _shared_spark_context():
     yield
     if "integration.spark_session" in sys.modules:
         sys.modules["integration.spark_session"].stop_shared()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_s3_clients():
+    """Each test its own boto3 clients: the process shares one per configuration (:meth:`S3Config.client`), so
+    an event handler a test registers on a sink's client (a barrier, a request counter) would fire in every
+    later test of the session."""
+    yield
+    from twophase import log_s3
+    with log_s3._CLIENTS_LOCK:
+        log_s3._CLIENTS.clear()

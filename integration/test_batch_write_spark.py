@@ -183,13 +183,15 @@ def test_batch_write_retried_task_attempts_count_once(tmp_path):
 # ---- S3 and Delta: the same write ids, the same registry
 
 @pytest.mark.s3
-def test_batch_write_to_s3_with_a_write_id_commits_once(spark, s3_server):
+@pytest.mark.parametrize("fmt, scheme", [("twophase-s3", "s3"), ("twophase-file", "s3a")])
+def test_batch_write_to_s3_with_a_write_id_commits_once(spark, s3_server, fmt, scheme):
+    """twophase-file on an s3a:// path writes through the S3 sink (file_sink_from_options), as twophase-s3."""
     import pyarrow.parquet as pq
     from io import BytesIO
     bucket = s3_server.new_bucket()
-    url = f"s3://{bucket}/out"
+    url = f"{scheme}://{bucket}/out"
     for _ in range(2):
-        w = _ids(spark, 0, 600).write.format("twophase-s3").mode("append").option("path", url).option("writeId", "s3-1")
+        w = _ids(spark, 0, 600).write.format(fmt).mode("append").option("path", url).option("writeId", "s3-1")
         for k, v in s3_server.options().items():
             w = w.option(k, v)
         w.save()

@@ -45,6 +45,7 @@ from twophase.errors import ConfigurationError, TwoPhaseError
 from twophase.naming import internal_rel
 from twophase.log import TransactionLog
 from twophase.log_azure import AZURE_SCHEMES, is_azure_url
+from twophase.log_s3 import S3_SCHEMES
 from twophase.log_store import fsync_dir, makedirs_durable
 from twophase.options import Option, parse_choice, parse_list, parse_options, parse_size
 from twophase.sink import (Committable, CommitResult, CommitStatus, Guarantee, SinkCommitter, SinkSpec,
@@ -75,7 +76,9 @@ class FileSinkOptions(FileLikeOptions):
         raw_path = str(o["path"])
         scheme = raw_path.split("://", 1)[0].lower() if "://" in raw_path else ""
         if scheme and scheme != "file":
-            where = ("use format twophase-s3 (same options) for S3" if scheme in ("s3", "s3a", "s3n") else
+            where = ("on S3 and Azure, format twophase-file takes this path itself (file_sink_from_options builds "
+                     "its S3 sink, twophase.sinks.s3.S3Sink); FileSink is the local one" if scheme in S3_SCHEMES else
+                     "use format twophase-s3 (same options) for S3" if scheme == "s3n" else
                      "on Azure, format twophase-file takes this path itself (file_sink_from_options builds its Azure "
                      "sink, twophase.sinks.azure_files.AzureFilesSink); FileSink is the local one"
                      if scheme in AZURE_SCHEMES else
@@ -92,13 +95,22 @@ class FileSinkOptions(FileLikeOptions):
 
 
 def file_sink_from_options(raw: Mapping[str, Any], schema: Any = None) -> "SinkSpec[Any]":
-    """The sink of format ``twophase-file`` for these options: on an Azure path (``abfss://``, ``abfs://``,
-    ``az://``, ``wasbs://``) the Azure file sink (:class:`~twophase.sinks.azure_files.AzureFilesSink`: block
-    blobs committed at the driver's commit, no rename), else the local :class:`FileSink` (hard links)."""
+    """The sink of format ``twophase-file`` for these options, by the path's scheme: where the store has no
+    atomic rename or hard link, the sink whose commit makes each file appear whole:
+
+    - ``s3://``, ``s3a://``: the S3 sink (:class:`~twophase.sinks.s3.S3Sink`, the same as format
+      ``twophase-s3``: one multipart upload per file, completed at the driver's commit);
+    - ``abfss://``, ``abfs://``, ``az://``, ``wasbs://``: the Azure file sink
+      (:class:`~twophase.sinks.azure_files.AzureFilesSink`: block blobs committed at the driver's commit);
+    - else the local :class:`FileSink` (a local or mounted shared filesystem; hard links), which refuses
+      any other URL (``gs://``, ``hdfs://``) naming the way out."""
     path = next((str(v) for k, v in raw.items() if k.lower() == "path"), "")
     if is_azure_url(path):
         from twophase.sinks.azure_files import AzureFilesSink
         return AzureFilesSink.from_options(raw, schema)
+    if path.partition("://")[0].lower() in S3_SCHEMES and "://" in path:
+        from twophase.sinks.s3 import S3Sink
+        return S3Sink.from_options(raw, schema)
     return FileSink.from_options(raw, schema)
 
 

@@ -129,7 +129,9 @@ def test_s3_sink_takes_the_same_format_options():
         S3SinkOptions.from_options({"path": "s3://b/p", "nullValue": "x"})
 
 
-@pytest.mark.parametrize("url, match", [("s3a://bucket/out", "twophase-s3"), ("s3://bucket/out", "twophase-s3"),
+@pytest.mark.parametrize("url, match", [("s3a://bucket/out", "format twophase-file takes this path itself"),
+                                        ("s3://bucket/out", "format twophase-file takes this path itself"),
+                                        ("s3n://bucket/out", "twophase-s3"),
                                         ("gs://bucket/out", "gs:// is not supported"),
                                         ("abfss://c@acct.dfs.core.windows.net/out",
                                          "on Azure, format twophase-file takes this path itself"),
@@ -154,3 +156,16 @@ def test_s3_and_delta_take_s3a_urls_and_refuse_other_schemes():
             DeltaSinkOptions.from_options({"path": path})
     with pytest.raises(ConfigurationError, match="not an S3 URL"):
         S3SinkOptions.from_options({"path": "abfss://c@a.dfs.core.windows.net/t"})
+
+
+@pytest.mark.parametrize("url", ["s3://bucket/out", "s3a://bucket/out", "S3A://bucket/out"])
+def test_file_format_routes_s3_urls_to_the_s3_sink(url):
+    """format("twophase-file") on S3 writes through the S3 sink (multipart uploads completed at the driver's
+    commit), as on Azure through the Azure file sink: the store has no atomic rename or hard link."""
+    from twophase.sinks.files import file_sink_from_options
+    from twophase.sinks.s3 import S3Sink
+    sink = file_sink_from_options({"path": url, "format": "json", "partitionBy": "p"})
+    assert isinstance(sink, S3Sink)
+    assert (sink.options.bucket, sink.options.prefix, sink.options.format) == ("bucket", "out", "json")
+    assert sink.sink_id == S3Sink.from_options({"path": url}).sink_id  # the same log as format twophase-s3
+    assert isinstance(file_sink_from_options({"path": "/tmp/x"}), FileSink)

@@ -22,16 +22,6 @@ from twophase.sink import TransactionContext, run_task
 pytestmark = [pytest.mark.s3]
 
 
-@pytest.fixture(autouse=True)
-def _fresh_s3_clients():
-    """Each test its own boto3 clients: the process shares one per configuration (:meth:`S3Config.client`), so
-    an event handler a test registers on ``sink.client`` (a barrier, a counter) would fire in the next tests."""
-    yield
-    from twophase import log_s3
-    with log_s3._CLIENTS_LOCK:
-        log_s3._CLIENTS.clear()
-
-
 def config(server: S3Server) -> S3Config:
     return S3Config(server.endpoint, "us-east-1", server.access_key, server.secret_key)
 
