@@ -23,6 +23,20 @@ from twophase.log_s3 import S3Config, error_code, http_status
 from twophase.naming import own_part_checkpoint
 
 MIN_PART_SIZE = 5 << 20
+#: S3's limit of parts per upload; a file may overshoot its roll size by what the writer buffered, so the
+#: options keep ``maxFileSize / partSize`` at most :data:`MAX_PLANNED_PARTS`, well under it
+MAX_PARTS = 10_000
+MAX_PLANNED_PARTS = 9_000
+
+
+def check_part_count(sink: str, size_option: str, max_size: int, part_size: int) -> None:
+    """Refuse (ConfigurationError naming both options) a roll size that would take more than
+    :data:`MAX_PLANNED_PARTS` parts: S3 refuses part 10,001 in the middle of a task."""
+    if -(-max_size // part_size) > MAX_PLANNED_PARTS:
+        raise ConfigurationError(f"{sink}: option '{size_option}'={max_size} needs more than {MAX_PLANNED_PARTS} "
+                                 f"parts of 'partSize'={part_size} (S3 allows {MAX_PARTS} per upload); raise "
+                                 f"'partSize' to at least {-(-max_size // (MAX_PLANNED_PARTS << 20))}m or lower "
+                                 f"'{size_option}'")
 
 
 #: how long a bucket that passed :func:`check_bucket` is taken as there, per process

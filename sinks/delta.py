@@ -79,7 +79,8 @@ from twophase.sinks._delta_checks import TableChecks, table_checks
 from twophase.sinks._filelike import FileLikeWriter
 from twophase.sinks._formats import ParquetFormatWriter
 from twophase.sinks._filelike import check_partition_columns
-from twophase.sinks._s3 import MultipartStream, abort_lingering_uploads, check_bucket, complete_upload, multipart_etag
+from twophase.sinks._s3 import (MultipartStream, abort_lingering_uploads, check_bucket, check_part_count,
+                                complete_upload, multipart_etag)
 from twophase.sinks._azure import AzureFiles, check_container
 from twophase.naming import internal_rel, own_part_checkpoint
 from twophase import faults
@@ -222,6 +223,8 @@ class DeltaSinkOptions:
             uri = os.path.abspath(os.path.expanduser(path.removeprefix("file://")))
         if o["partSize"] < 5 << 20:
             raise ConfigurationError("twophase-delta: option 'partSize' is below S3's minimum part size; use at least 5m")
+        if "://" in uri and uri.split("://", 1)[0].lower() in S3_SCHEMES:
+            check_part_count("twophase-delta", "targetFileSize", o["targetFileSize"], o["partSize"])
         storage = {k[len("storage."):]: str(v) for k, v in o.items() if k.startswith("storage.")}
         if o["guarantee"] != Guarantee.EXACTLY_ONCE.value:
             raise ConfigurationError("twophase-delta: option 'guarantee' can only be 'exactly-once' (a Delta commit is "

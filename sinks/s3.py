@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Collection, Mapping, TypedDict
 
 from twophase.naming import internal_rel, part_file_name
-from twophase.sinks._s3 import (MIN_PART_SIZE, MultipartStream, abort_lingering_uploads, abort_own_uploads,  # noqa: F401
+from twophase.sinks._s3 import (MIN_PART_SIZE, check_part_count, MultipartStream, abort_lingering_uploads, abort_own_uploads,  # noqa: F401
                                 abort_upload, check_bucket, complete_upload, list_own_uploads, multipart_etag)
 from twophase.sinks._filelike import FileLikeOptions, check_partition_columns
 from twophase.sinks._formats import FORMAT_OPTIONS, format_options
@@ -110,6 +110,7 @@ class S3SinkOptions(FileLikeOptions):
                                      "size of 5 MiB; use at least 5m")
         if o["maxFileSize"] < o["partSize"]:
             raise ConfigurationError("twophase-s3: option 'maxFileSize' must be at least 'partSize'")
+        check_part_count("twophase-s3", "maxFileSize", o["maxFileSize"], o["partSize"])
         opts = cls(bucket=bucket, prefix=prefix, s3=s3_config_from(o), part_size=o["partSize"], **cls.common(o, fo))
         check_partition_columns("twophase-s3", opts.partition_by, schema)
         return opts

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import pickle
 
 import pyarrow as pa
@@ -109,3 +110,18 @@ def test_s3_options_client_timeouts_reach_boto3_and_delta() -> None:
     assert (storage["connect_timeout"], storage["timeout"]) == ("2000ms", "4000ms")
     with pytest.raises(ConfigurationError, match="s3.readTimeout"):
         S3SinkOptions.from_options({"path": "s3://b/p", "s3.readTimeout": "soon"})
+
+
+@pytest.mark.parametrize("raw, needle", [
+    ({"path": "s3://b/x", "maxFileSize": "50g"}, "'maxFileSize'=53687091200 needs more than 9000 parts of 'partSize'"),
+    ({"path": "s3://b/x", "maxFileSize": "80g", "partSize": "6m"}, "raise 'partSize' to at least 10m"),
+])
+def test_s3_options_a_roll_size_past_s3s_part_limit_is_refused_naming_both_options(raw, needle):
+    """S3 refuses part 10,001 of an upload in the middle of a task: the options say so before anything runs."""
+    with pytest.raises(ConfigurationError, match=re.escape(needle)):
+        S3SinkOptions.from_options(raw)
+    S3SinkOptions.from_options({"path": "s3://b/x", "maxFileSize": "40g", "partSize": "5m"})  # 8192 parts: fine
+    from twophase.sinks.delta import DeltaSinkOptions
+    with pytest.raises(ConfigurationError, match="'targetFileSize'"):
+        DeltaSinkOptions.from_options({"path": "s3://b/t", "targetFileSize": "50g"})
+    DeltaSinkOptions.from_options({"path": "/tmp/t", "targetFileSize": "50g"})  # local: no parts
