@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A nemesis campaign on a Spark standalone cluster started here (see integration/nemesis/campaign.py):
 #
-#   bash scripts/nemesis.sh --runs 30 --seed 7 [--sinks files,s3,delta,kafka] [--faults executor_jvm,...]
+#   bash scripts/nemesis.sh --runs 30 --seed 7 [--sinks files,s3,delta,kafka,azure-files,azure-delta] [--faults executor_jvm,...]
 #
 # Each run: one sink, one fault kind, a fresh destination; every input record must come out exactly
 # once, with no leftovers and every log record final. Prints a summary table per sink and fault kind.

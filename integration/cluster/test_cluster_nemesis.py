@@ -70,6 +70,8 @@ def _ready(servers: Servers, sink: str) -> Servers:
         servers.s3 = req.getfixturevalue("s3_server")
     if sink == "kafka" and servers.kafka is None:
         servers.kafka = req.getfixturevalue("kafka_bootstrap")
+    if sink.startswith("azure-") and servers.azure is None:
+        servers.azure = req.getfixturevalue("azure_server")
     return servers
 
 

@@ -1,10 +1,10 @@
 """A nemesis campaign: N seeded scenarios on a Spark standalone cluster, then a summary table.
 
-    python -m integration.nemesis.campaign --runs 30 --seed 7 [--sinks files,s3,delta,kafka]
+    python -m integration.nemesis.campaign --runs 30 --seed 7 [--sinks files,s3,delta,kafka,azure-files,azure-delta]
         [--faults executor_jvm,...] [--out DIR] [--keep]
 
 Starts what it needs and stops it afterwards: a cluster (scripts/spark_cluster.sh; or
-``TWOPHASE_SPARK_MASTER``), an S3 server for s3 and delta (scripts/s3_server.sh: radosgw, or moto with
+``TWOPHASE_SPARK_MASTER``), Azurite for azure-files and azure-delta, an S3 server for s3 and delta (scripts/s3_server.sh: radosgw, or moto with
 ``TWOPHASE_S3_SERVER=moto``, or ``TWOPHASE_S3_ENDPOINT``) and a Kafka broker for kafka (noida-db, or
 ``KAFKA_BOOTSTRAP_SERVERS``). Scenario ``i`` draws its sink and fault from ``random.Random(f"{seed}:{i}")``
 (each sink and fault kind in turn when ``--runs`` covers them, so a 30-run campaign meets every pair
@@ -59,6 +59,11 @@ def servers_for(sinks: list[str], base: str) -> Iterator[Servers]:
             gen = s3_server_fixture()
             servers.s3 = next(gen)
             stack.callback(lambda: next(gen, None))
+        if any(s.startswith("azure-") for s in sinks):
+            from integration.azure.azurite import azure_server_fixture
+            agen = azure_server_fixture()
+            servers.azure = next(agen)
+            stack.callback(lambda: next(agen, None))
         if "kafka" in sinks:
             from integration.kafka.broker import kafka_broker
             servers.kafka = stack.enter_context(kafka_broker())

@@ -56,7 +56,7 @@ CLUSTER_SCRIPT = os.path.join(ROOT, "scripts", "spark_cluster.sh")
 
 FAULTS = ("executor_jvm", "python_worker", "worker", "fetch_failed", "speculation", "driver", "protocol",
           "recovery", "pause")
-SINKS = ("files", "s3", "delta", "kafka")
+SINKS = ("files", "s3", "delta", "kafka", "azure-files", "azure-delta")
 DRIVER_POINTS = ("before_complete", "after_complete", "mid_commit", "after_commit")
 EXECUTOR_POINTS = ("write", "after_pre_commit")
 FILES_PER_BATCH, ROWS_PER_FILE = 2, 60
@@ -187,7 +187,7 @@ class Target:
 
     name = ""
     fmt = ""
-    server_kind = ""  # "s3", "kafka" or "": what ``pause`` stops
+    server_kind = ""  # "s3", "kafka" or "": what ``pause`` stops (nothing for files and the Azure sinks)
 
     def __init__(self, tmp: str, servers: "Servers") -> None:
         self.tmp, self.servers = tmp, servers
@@ -401,7 +401,74 @@ class KafkaTarget(Target):
         return {"kafka.request.timeout.ms": "4000"}
 
 
-TARGETS: dict[str, type[Target]] = {"files": FilesTarget, "s3": S3Target, "delta": DeltaTarget, "kafka": KafkaTarget}
+class AzureFilesTarget(FileInput, Target):
+    """twophase-file on an ``abfss://`` path (Azurite): block blobs committed at the driver's commit."""
+
+    name, fmt = "azure-files", "twophase-file"
+    prefix = "out"
+
+    def __init__(self, tmp: str, servers: "Servers") -> None:
+        super().__init__(tmp, servers)
+        self.inp = os.path.join(tmp, "in")
+        self.container = servers.azure.new_container()
+        self.uri = servers.azure.url(self.container, self.prefix)
+
+    def options(self) -> dict[str, str]:
+        return {"path": self.uri, "partitionBy": "grp", **self.servers.azure.options()}
+
+    def sink(self) -> Any:
+        from twophase.sinks.files import file_sink_from_options
+        return file_sink_from_options({**self.options(), "checkpointLocation": self.ck})
+
+    def data_names(self) -> set[str]:
+        return {n for n in self.servers.azure.blob_names(self.container, self.prefix, uncommitted=False)
+                if n.endswith(".parquet") and not n.startswith(("_twophase/", "_delta_log/"))}
+
+    def read(self) -> list[int]:
+        import pyarrow.parquet as pq
+        c, ids = self.servers.azure.service().get_container_client(self.container), []
+        for name in self.data_names():
+            ids += pq.read_table(io.BytesIO(c.download_blob(f"{self.prefix}/{name}").readall())).column("id").to_pylist()
+        return ids
+
+    def leftovers(self) -> list[str]:
+        """Names with only staged blocks (an attempt's file nobody committed or dropped)."""
+        az = self.servers.azure
+        staged = az.blob_names(self.container, self.prefix, uncommitted=True) - \
+            az.blob_names(self.container, self.prefix, uncommitted=False)
+        return [f"staged blocks {n}" for n in sorted(staged) if n.rsplit("/", 1)[-1].startswith("part-")]
+
+
+class AzureDeltaTarget(AzureFilesTarget):
+    """twophase-delta on an ``abfss://`` table (Azurite)."""
+
+    name, fmt = "azure-delta", "twophase-delta"
+    prefix = "table"
+
+    def sink(self) -> Any:
+        from twophase.sinks.delta import DeltaSink
+        return DeltaSink.from_options({**self.options(), "checkpointLocation": self.ck})
+
+    def _table(self) -> Any:
+        from deltalake import DeltaTable
+        so = self.servers.azure.storage_options()
+        return DeltaTable(self.uri, storage_options=so) if DeltaTable.is_deltatable(self.uri, storage_options=so) else None
+
+    def read(self) -> list[int]:
+        dt = self._table()
+        return [] if dt is None else dt.to_pyarrow_table().column("id").to_pylist()
+
+    def leftovers(self) -> list[str]:
+        import pyarrow as pa
+        import urllib.parse
+        dt = self._table()
+        referenced = set() if dt is None else {
+            urllib.parse.unquote(p) for p in pa.table(dt.get_add_actions(flatten=True)).column("path").to_pylist()}
+        return super().leftovers() + [f"unreferenced {n}" for n in sorted(self.data_names() - referenced)]
+
+
+TARGETS: dict[str, type[Target]] = {"files": FilesTarget, "s3": S3Target, "delta": DeltaTarget, "kafka": KafkaTarget,
+                                    "azure-files": AzureFilesTarget, "azure-delta": AzureDeltaTarget}
 
 
 @dataclass
@@ -411,10 +478,11 @@ class Servers:
     cluster: Cluster
     s3: Any = None
     kafka: Optional[str] = None
+    azure: Any = None  # integration.azure.azurite.AzureServer
 
     def available(self, sink: str) -> bool:
         return sink == "files" or (sink in ("s3", "delta") and self.s3 is not None) or \
-            (sink == "kafka" and self.kafka is not None)
+            (sink == "kafka" and self.kafka is not None) or (sink.startswith("azure-") and self.azure is not None)
 
 
 # ---------------------------------------------------------------- one scenario
@@ -837,7 +905,9 @@ def run_scenario(sink: str, fault: str, seed: str, servers: Servers, tmp: str,
 
 
 def faults_for(sink: str) -> tuple[str, ...]:
-    return FAULTS if sink != "files" else tuple(f for f in FAULTS if f != "pause")
+    """``pause`` stops the sink's server past its client timeouts: S3 and Kafka (the Azure sinks' client has
+    no timeout option yet, so a pause would only wait out the SDK's; local files have no server)."""
+    return FAULTS if sink in ("s3", "delta", "kafka") else tuple(f for f in FAULTS if f != "pause")
 
 
 def summary(outcomes: list[Outcome]) -> str:
