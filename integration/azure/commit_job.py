@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
+from typing import Any, Optional
 
 import pyarrow as pa
 
@@ -27,6 +29,28 @@ def rows(cid: int, task: int) -> pa.RecordBatch:
 
 def expected_ids(cids: range) -> list[int]:
     return sorted(i for c in cids for t in range(TASKS) for i in rows(c, t).column("id").to_pylist())
+
+
+def run_commit_job(options: dict, cid: int, *extra: str, fault: Optional[str] = None,
+                   marker: Optional[str] = None) -> Any:
+    """This script for checkpoint ``cid`` in its own session (a fault SIGKILLs exactly it); its result."""
+    from integration.jobrun import job_env, run_in_own_session
+    return run_in_own_session([sys.executable, __file__, json.dumps(options), str(cid), *extra],
+                              env=job_env(fault, marker), timeout=180, capture=True)
+
+
+def assert_done(r: Any) -> None:
+    assert r.returncode == 0 and "JOB DONE" in r.stdout, r.stderr[-3000:]
+
+
+def run_clean_then_crash(options: dict, tmp: Path, point: str, *extra: str) -> None:
+    """Checkpoint 0 written clean, then checkpoint 1 SIGKILLed at fault ``point``; asserts that the first
+    finished, and that the second was killed by that fault and did not finish."""
+    assert_done(run_commit_job(options, 0, *extra))
+    marker = tmp / "marker-1"
+    r = run_commit_job(options, 1, *extra, fault=f"{point}@1", marker=str(marker))
+    assert marker.exists() and marker.read_text().split()[0] == point, f"fault never fired\n{r.stderr[-3000:]}"
+    assert "JOB DONE" not in r.stdout
 
 
 def main() -> None:

@@ -5,21 +5,17 @@ commit, two writers committing to one table at once, and the refusals of bad opt
 
 from __future__ import annotations
 
-import json
-import sys
 import threading
 import uuid
 import urllib.parse
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
 from integration.azure.azurite import AzureServer, claimed_coordinator
-from integration.azure.commit_job import SCHEMA, expected_ids, rows
-from integration.jobrun import job_env, run_in_own_session
+from integration.azure.commit_job import SCHEMA, expected_ids, rows, run_clean_then_crash, run_commit_job, assert_done
 from twophase.errors import ConfigurationError
 from twophase.naming import own_part_checkpoint
 from twophase.sink import CommitStatus, TransactionContext, run_task, sink_token
@@ -28,7 +24,6 @@ from twophase.states import CheckpointState
 
 pytestmark = [pytest.mark.azure]
 
-JOB = Path(__file__).with_name("commit_job.py")
 
 
 def make_sink(server: AzureServer, container: str, **extra: str) -> DeltaSink:
@@ -160,23 +155,12 @@ def test_delta_sink_inv2_azure_crash_between_prepare_commit_and_commit_recovers_
     that no Delta version references, every log record final."""
     options = {"path": azure_server.url(container, "table"), "partitionBy": "p", **azure_server.options()}
 
-    def run(cid: int, fault: str = "") -> Any:
-        marker = tmp_path / f"marker-{cid}"
-        r = run_in_own_session([sys.executable, str(JOB), json.dumps(options), str(cid)],
-                               env=job_env(f"{fault}@{cid}" if fault else None, str(marker)), timeout=180, capture=True)
-        return r, marker
-
-    r, _ = run(0)
-    assert r.returncode == 0 and "JOB DONE" in r.stdout, r.stderr[-3000:]
-    r, marker = run(1, point)
-    assert marker.exists() and marker.read_text().split()[0] == point, f"fault never fired\n{r.stderr[-3000:]}"
-    assert "JOB DONE" not in r.stdout
+    run_clean_then_crash(options, tmp_path, point)
     uri = DeltaSink.from_options(options, SCHEMA).uri
     got = table_ids(azure_server, uri)
     assert got == (expected_ids(range(2)) if point == "mid_commit" else expected_ids(range(1))), "a partial batch"
     for cid in (1, 2):  # the restart: recovery, the re-run of batch 1, then batch 2
-        r, _ = run(cid)
-        assert r.returncode == 0 and "JOB DONE" in r.stdout, r.stderr[-3000:]
+        assert_done(run_commit_job(options, cid))
     assert table_ids(azure_server, uri) == expected_ids(range(3))
     sink = DeltaSink.from_options(options, SCHEMA)
     dt = DeltaTable(uri, storage_options=azure_server.storage_options())

@@ -7,8 +7,6 @@ refusals of bad options."""
 from __future__ import annotations
 
 import io
-import json
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -18,8 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from integration.azure.azurite import AzureServer, claimed_coordinator
-from integration.azure.commit_job import SCHEMA, expected_ids, rows
-from integration.jobrun import job_env, run_in_own_session
+from integration.azure.commit_job import SCHEMA, expected_ids, rows, run_clean_then_crash, run_commit_job, assert_done
 from twophase.coordinator import CheckpointCoordinator
 from twophase.errors import CommitFailedError, ConfigurationError, DataLossError
 from twophase.naming import part_file_name
@@ -31,7 +28,6 @@ from twophase.states import CheckpointState
 
 pytestmark = [pytest.mark.azure]
 
-JOB = Path(__file__).with_name("commit_job.py")
 
 
 def options(server: AzureServer, container: str, **extra: str) -> dict[str, str]:
@@ -247,17 +243,7 @@ def test_azure_files_sink_inv2_crash_between_completed_and_commit_recovers_exact
     and writes batch 2: every row once, no staged-only name left, every log record final."""
     opts = options(azure_server, container)
 
-    def run(cid: int, fault: str = "") -> Any:
-        marker = tmp_path / f"marker-{cid}"
-        r = run_in_own_session([sys.executable, str(JOB), json.dumps(opts), str(cid), "file"],
-                               env=job_env(f"{fault}@{cid}" if fault else None, str(marker)), timeout=180, capture=True)
-        return r, marker
-
-    r, _ = run(0)
-    assert r.returncode == 0 and "JOB DONE" in r.stdout, r.stderr[-3000:]
-    r, marker = run(1, point)
-    assert marker.exists() and marker.read_text().split()[0] == point, f"fault never fired\n{r.stderr[-3000:]}"
-    assert "JOB DONE" not in r.stdout
+    run_clean_then_crash(opts, tmp_path, point, "file")
     got = read_ids(azure_server, container)
     assert set(got) <= set(expected_ids(range(2))) and len(got) == len(set(got))
     if point == "after_complete":  # nothing of checkpoint 1 visible, all of it staged
@@ -266,8 +252,7 @@ def test_azure_files_sink_inv2_crash_between_completed_and_commit_recovers_exact
     else:  # the first Put Block List went through (the others maybe)
         assert len(got) > len(expected_ids(range(1)))
     for cid in (1, 2):
-        r, _ = run(cid)
-        assert r.returncode == 0 and "JOB DONE" in r.stdout, r.stderr[-3000:]
+        assert_done(run_commit_job(opts, cid, "file"))
     assert read_ids(azure_server, container) == expected_ids(range(3))
     assert names(azure_server, container, uncommitted=True) == names(azure_server, container, uncommitted=False), \
         "staged blocks left"

@@ -4,28 +4,16 @@ input appends only the new rows."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 from deltalake import DeltaTable
 
+from _support import write_input
 from integration.azure.azurite import AzureServer
 
 pytestmark = [pytest.mark.spark, pytest.mark.azure]
-
-
-def write_input(directory: Path, first: int, files: int, rows: int = 20) -> list[int]:
-    directory.mkdir(parents=True, exist_ok=True)
-    ids = []
-    for f in range(first, first + files):
-        with open(directory / f"in-{f:03d}.json", "w") as out:
-            for r in range(rows):
-                i = f * rows + r
-                ids.append(i)
-                out.write(json.dumps({"id": i, "p": "even" if i % 2 == 0 else "odd", "v": i / 2}) + "\n")
-    return ids
 
 
 def stream_all(spark: Any, tmp_path: Path, fmt: str, uri: str, options: dict[str, str]) -> None:
@@ -47,10 +35,10 @@ def test_delta_spark_stream_to_abfss_on_azurite_exactly_once(azure_server: Azure
     from integration.spark_session import make_spark
     spark = make_spark(f"twophase-{__name__}")
     uri = azure_server.url(container, "table")
-    ids = write_input(tmp_path / "in", 0, 2)
+    ids = write_input(tmp_path / "in", 2, 20)
 
     stream_all(spark, tmp_path, "twophase-delta", uri, azure_server.options())
-    ids += write_input(tmp_path / "in", 2, 1)
+    ids += write_input(tmp_path / "in", 1, 20, first=2)
     stream_all(spark, tmp_path, "twophase-delta", uri, azure_server.options())  # a restart: only the new rows
     dt = DeltaTable(uri, storage_options=azure_server.storage_options())
     got = dt.to_pyarrow_table().column("id").to_pylist()
@@ -68,10 +56,10 @@ def test_file_spark_stream_to_abfss_on_azurite_exactly_once(azure_server: AzureS
     from integration.spark_session import make_spark
     spark = make_spark(f"twophase-{__name__}")
     uri = azure_server.url(container, "files")
-    ids = write_input(tmp_path / "in", 0, 2)
+    ids = write_input(tmp_path / "in", 2, 20)
 
     stream_all(spark, tmp_path, "twophase-file", uri, azure_server.options())
-    ids += write_input(tmp_path / "in", 2, 1)
+    ids += write_input(tmp_path / "in", 1, 20, first=2)
     stream_all(spark, tmp_path, "twophase-file", uri, azure_server.options())
     c = azure_server.service().get_container_client(container)
     committed = [b.name for b in c.list_blobs(name_starts_with="files/") if b.name.rsplit("/", 1)[-1].startswith("part-")]

@@ -86,11 +86,12 @@ def s3_server_fixture() -> Iterator[S3Server]:
         subprocess.run(["bash", str(SCRIPT), "stop", directory], capture_output=True, timeout=60)
 
 
-def write_input(directory: Path, files: int = 4, rows: int = 50) -> list[int]:
-    """``files`` JSON-lines files of ``rows`` rows each; returns every id written."""
+def write_input(directory: Path, files: int = 4, rows: int = 50, first: int = 0) -> list[int]:
+    """``files`` JSON-lines files of ``rows`` rows each, numbered from ``first`` (a later call with a higher
+    ``first`` adds new input); returns every id written."""
     directory.mkdir(parents=True, exist_ok=True)
     ids = []
-    for f in range(files):
+    for f in range(first, first + files):
         with open(directory / f"in-{f:03d}.json", "w") as out:
             for r in range(rows):
                 i = f * rows + r
