@@ -89,7 +89,7 @@ from twophase._redact import safe_repr
 from twophase.errors import ConstraintViolationError, ConfigurationError, MissingDependencyError, TransientSinkError, TwoPhaseError
 from twophase.log import TransactionLog
 from twophase.log_store import fsync_dir, makedirs_durable
-from twophase.log_s3 import S3_CLIENT_OPTIONS, S3_SCHEMES, S3Config, error_code, open_log_store, parse_s3_url, s3_config_from
+from twophase.log_s3 import S3_CLIENT_OPTIONS, S3_SCHEMES, S3Config, error_code, is_s3_url, open_log_store, parse_s3_url, s3_config_from
 from twophase.log_azure import (AZURE_CLIENT_OPTIONS, AzureConfig, azure_config_from, is_azure_url, parse_azure_url)
 from twophase.options import Option, parse_bool, parse_choice, parse_list, parse_options, parse_size
 from twophase.sink import (Committable, CommitResult, CommitStatus, Guarantee, SinkCommitter, SinkSpec,
@@ -194,7 +194,7 @@ class DeltaSinkOptions:
 
     @property
     def on_s3(self) -> bool:
-        return self.uri.split("://", 1)[0].lower() in ("s3", "s3a") and "://" in self.uri
+        return is_s3_url(self.uri)
 
     @property
     def on_azure(self) -> bool:
@@ -223,7 +223,7 @@ class DeltaSinkOptions:
             uri = os.path.abspath(os.path.expanduser(path.removeprefix("file://")))
         if o["partSize"] < 5 << 20:
             raise ConfigurationError("twophase-delta: option 'partSize' is below S3's minimum part size; use at least 5m")
-        if "://" in uri and uri.split("://", 1)[0].lower() in S3_SCHEMES:
+        if is_s3_url(uri):
             check_part_count("twophase-delta", "targetFileSize", o["targetFileSize"], o["partSize"])
         storage = {k[len("storage."):]: str(v) for k, v in o.items() if k.startswith("storage.")}
         if o["guarantee"] != Guarantee.EXACTLY_ONCE.value:

@@ -45,7 +45,7 @@ from twophase.errors import ConfigurationError, TwoPhaseError
 from twophase.naming import internal_rel
 from twophase.log import TransactionLog
 from twophase.log_azure import AZURE_SCHEMES, is_azure_url
-from twophase.log_s3 import S3_SCHEMES
+from twophase.log_s3 import S3_SCHEMES, is_s3_url
 from twophase.log_store import fsync_dir, makedirs_durable
 from twophase.options import Option, parse_choice, parse_list, parse_options, parse_size
 from twophase.sink import (Committable, CommitResult, CommitStatus, Guarantee, SinkCommitter, SinkSpec,
@@ -108,7 +108,7 @@ def file_sink_from_options(raw: Mapping[str, Any], schema: Any = None) -> "SinkS
     if is_azure_url(path):
         from twophase.sinks.azure_files import AzureFilesSink
         return AzureFilesSink.from_options(raw, schema)
-    if path.partition("://")[0].lower() in S3_SCHEMES and "://" in path:
+    if is_s3_url(path):
         from twophase.sinks.s3 import S3Sink
         return S3Sink.from_options(raw, schema)
     return FileSink.from_options(raw, schema)

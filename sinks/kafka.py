@@ -135,7 +135,7 @@ from twophase._redact import redact_error, safe_repr
 from twophase.errors import (ConcurrentWriterError, ConfigurationError, FencedError, MissingDependencyError,
                              TransientSinkError)
 from twophase.log import LogStore, TransactionLog, decode_record, encode_record
-from twophase.log_s3 import S3_CLIENT_OPTIONS, S3_SCHEMES, S3Config, open_log_store, parse_s3_url, s3_config_from
+from twophase.log_s3 import S3_CLIENT_OPTIONS, S3Config, is_s3_url, open_log_store, parse_s3_url, s3_config_from
 from twophase.options import Option, parse_choice, parse_duration_ms, parse_positive_int, parse_options
 from twophase.sink import (Committable, CommitResult, CommitStatus, Guarantee, SinkCommitter, SinkSpec, SinkWriter,
                            TransactionContext, sink_token)
@@ -187,7 +187,7 @@ KAFKA_SINK_OPTIONS: tuple[Option[Any], ...] = (
 
 
 def _is_s3(location: Optional[str]) -> bool:
-    return bool(location) and "://" in str(location) and str(location).split("://", 1)[0].lower() in S3_SCHEMES
+    return bool(location) and is_s3_url(str(location))
 
 
 def owner_key(checkpoint_location: str) -> str:

@@ -36,6 +36,11 @@ _log = get_logger(__name__)
 S3_SCHEMES = ("s3", "s3a")
 
 
+def is_s3_url(url: str) -> bool:
+    """``s3://`` or ``s3a://`` (any case)."""
+    return "://" in url and url.split("://", 1)[0].lower() in S3_SCHEMES
+
+
 def parse_s3_url(url: str, *, option: str = "path") -> tuple[str, str]:
     """``s3://bucket/a/b/`` -> (``bucket``, ``a/b``); raises ConfigurationError naming ``option``."""
     scheme, sep, rest = url.partition("://")
