@@ -10,6 +10,11 @@ Layout shared by the file, S3 and Delta sinks::
     <root>/_twophase/<token>/log/                              the sink's transaction log (default)
     <root>/_twophase/<token>/staging/<ckpt>/<task>-<attempt>/  staged files (file sink)
     <root>/<partition dirs>/part-<token>-<ckpt>-<task>-<attempt>-<seq>.<ext>   data files
+
+``<task>`` is whatever task id the engine gave (Spark's partition id, the embedded runtime's
+``<uid>-<subtask>``, which has dashes): a name is parsed from both ends (token and checkpoint from the
+left, attempt, sequence and extension from the right), so the task segment may hold anything but ``/``
+(which :func:`part_file_name` replaces, with every other character outside ``[A-Za-z0-9._-]``).
 """
 
 from __future__ import annotations
@@ -21,7 +26,13 @@ from twophase.sink import sink_token
 
 INTERNAL_DIR = "_twophase"
 
-_PART = re.compile(r"^part-([0-9a-f]{12})-(\d{8,})-([^-/]+)-([0-9a-f]{12})-(\d{3,})\.[a-z0-9.]+$")
+#: token and checkpoint from the left; attempt uid, sequence and extension (no ``-`` in them) from the right;
+#: the task is what lies between (any characters but ``/``: runtime task ids are ``<uid>-<subtask>``)
+_PART = re.compile(r"^part-([0-9a-f]{12})-(\d{8,})-([^/]+)-([0-9a-f]{12})-(\d{3,})\.[a-z0-9.]+$")
+#: what a task segment keeps; anything else (a ``/`` of a runtime uid, spaces) becomes ``_``
+_TASK_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+#: a Hive partition folder: ``<col>=<value>`` (both escaped, so neither holds ``/``)
+_HIVE_DIR = re.compile(r"^[^=/]+=[^/]*$")
 
 
 def internal_rel(sink_id: str) -> str:
@@ -36,7 +47,7 @@ def default_log_location(root: str, sink_id: str) -> str:
 
 def part_file_name(sink_id: str, checkpoint_id: int, task_id: str, attempt_uid: str, seq: int, ext: str) -> str:
     """``part-<token>-<checkpoint>-<task>-<attempt>-<seq>.<ext>``: the sink's, unique per attempt."""
-    task = int(task_id) if task_id.isdigit() else task_id
+    task = int(task_id) if task_id.isascii() and task_id.isdigit() else _TASK_UNSAFE.sub("_", task_id)
     return f"part-{sink_token(sink_id)}-{checkpoint_id:08d}-{task:>05}-{attempt_uid}-{seq:03d}.{ext}"
 
 
@@ -46,3 +57,15 @@ def own_part_checkpoint(name: str, sink_id: str) -> Optional[int]:
     if m is None or m.group(1) != sink_token(sink_id):
         return None
     return int(m.group(2))
+
+
+def own_part_rel(rel: str, sink_id: str) -> Optional[int]:
+    """The checkpoint id of ``rel`` (a name relative to the sink's path) if this sink made it AND it lies where
+    the sink puts its files: directly under its path or under Hive partition folders (``a=1/b=x/``). A name
+    under any other folder is not the sink's, even with its token: another destination nested in this one
+    (``s3://b/out/eu`` under ``s3://b/out``) given the same ``sink.id`` names its files with the same token,
+    and a sweep of ``out`` must never drop what ``out/eu`` pre-committed."""
+    *dirs, name = rel.split("/")
+    if not all(_HIVE_DIR.match(d) for d in dirs):
+        return None
+    return own_part_checkpoint(name, sink_id)
