@@ -41,5 +41,11 @@ fi
 # finder: put spark_discovery/ on the venv's path (a wheel installs the modules at top level)
 SITE=$(.venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 echo "$ROOT/spark_discovery" > "$SITE/twophase-spark-discovery.pth"
+# Apache Kafka's broker jars (Maven Central, through mvn and scripts/jvm/kafka/pom.xml) into .venv/jvm/
+if ! command -v mvn >/dev/null 2>&1; then
+  echo "setup: installing Maven (Apache Kafka's jars come through it)"
+  apt_install maven
+fi
+bash scripts/kafka_server.sh fetch
 export PYSPARK_PYTHON="$ROOT/.venv/bin/python"
 echo "setup: ready ($(.venv/bin/python --version), $(java -version 2>&1 | head -1))"

@@ -126,8 +126,8 @@ class TxnClient:
                 response = self.admin._manager.run(go)
                 error = Errors.for_code(response.error_code)
             except (Errors.KafkaConnectionError, Errors.NodeNotReadyError, Errors.KafkaTimeoutError,
-                    Errors.RequestTimedOutError) as e:
-                error = type(e)
+                    *_RETRIABLE) as e:  # FindCoordinator raises (e.g. CoordinatorNotAvailable while Kafka creates
+                error = type(e)         # __transaction_state on a new cluster): retried like a response's error
             if error in _RETRIABLE or error in (Errors.KafkaConnectionError, Errors.NodeNotReadyError,
                                                 Errors.KafkaTimeoutError):
                 if error in (Errors.NotCoordinatorError, Errors.CoordinatorNotAvailableError):
@@ -168,15 +168,18 @@ class TxnClient:
             async def go() -> Any:
                 node = await self._coordinator(transactional_id)
                 return await self.admin._manager.send(build(), node_id=node)
-            response = self.admin._manager.run(go)
-            error = Errors.for_code(response.error_code)
+            try:
+                response = self.admin._manager.run(go)
+                error = Errors.for_code(response.error_code)
+            except _RETRIABLE as e:  # raised by FindCoordinator (a new cluster's __transaction_state not ready yet)
+                error, response = type(e), None
             if error is Errors.NoError:
                 result["pid"], result["epoch"] = response.producer_id, response.producer_epoch
                 return result["pid"], result["epoch"]
             if error in _RETRIABLE and time.monotonic() < deadline:
                 if error in (Errors.NotCoordinatorError, Errors.CoordinatorNotAvailableError):
                     self._forget_coordinator(transactional_id)
-                time.sleep(0.05)
+                time.sleep(0.05 if error is not Errors.CoordinatorNotAvailableError else 0.25)
                 continue
             raise TransientSinkError(f"twophase-kafka: fencing transactional id {transactional_id!r} failed: "
                                      f"{error.__name__}")

@@ -88,8 +88,9 @@ Invariants (``test_kafka_sink_invN_*``):
 6. Every record sent is accounted for: prepare_commit fails the task (TransientSinkError, the
    transaction is aborted) unless every send was acknowledged -- a batch whose
    ``delivery.timeout.ms`` expired mid-task while later ones succeeded is never committed short.
-7. ``kafka.transaction.timeout.ms`` defaults to 1 hour (Flink's default; raise the brokers'
-   ``transaction.max.timeout.ms``, Kafka's default is 15 min). At commit, a committable older than 25 % of
+7. ``kafka.transaction.timeout.ms``, when not given, is the largest timeout the brokers accept up to 1 hour
+   (chosen at the start check and logged, :mod:`twophase.sinks._kafka_timeout`; Kafka's default maximum is
+   15 min); an explicit value the brokers refuse fails the start check naming both settings. At commit, a committable older than 25 % of
    the timeout logs ``transaction_near_timeout``; older than 50 % (the batch took half the time the
    broker gives it: one driver outage of the same length and it expires) it is still committed, and
    the next batch is refused at prepare_sink, before it writes, with an error naming the measured
@@ -137,6 +138,7 @@ from twophase.errors import (ConcurrentWriterError, ConfigurationError, FencedEr
 from twophase.log import LogStore, TransactionLog, decode_record, encode_record
 from twophase.log_s3 import S3_CLIENT_OPTIONS, S3Config, is_s3_url, open_log_store, parse_s3_url, s3_config_from
 from twophase.options import Option, parse_choice, parse_duration_ms, parse_positive_int, parse_options
+from twophase.sinks._kafka_timeout import check_timeout_against_trigger, choose_default_timeout
 from twophase.sink import (Committable, CommitResult, CommitStatus, Guarantee, SinkCommitter, SinkSpec, SinkWriter,
                            TransactionContext, sink_token)
 
@@ -218,6 +220,9 @@ class KafkaSinkOptions:
     transactional_id_prefix: str
     attempt_slots: int = 8
     transaction_timeout_ms: int = DEFAULT_TRANSACTION_TIMEOUT_MS
+    #: False when the user gave no kafka.transaction.timeout.ms: the driver's start check then chooses the largest
+    #: timeout the brokers accept, up to the 1-hour default, and pins it here before the sink reaches an executor
+    transaction_timeout_explicit: bool = True
     trigger_interval_ms: Optional[int] = None
     sink_id: str = ""
     guarantee: Guarantee = Guarantee.EXACTLY_ONCE
@@ -282,6 +287,7 @@ class KafkaSinkOptions:
         if not re.fullmatch(r"[A-Za-z0-9._\-]{1,200}", prefix):
             raise ConfigurationError(f"{SINK}: option 'transactionalIdPrefix'={prefix!r} may use only letters, "
                                      "digits, '.', '_' and '-' (at most 200 characters)")
+        timeout_explicit = "transaction_timeout_ms" in cfg
         timeout = int(cfg.pop("transaction_timeout_ms", DEFAULT_TRANSACTION_TIMEOUT_MS))
         if o["kafkaClient"] == "librdkafka":
             librdkafka_config(cfg, what=SINK)  # every setting must have a librdkafka counterpart
@@ -292,15 +298,12 @@ class KafkaSinkOptions:
             if str(cfg.get("acks", "all")) not in ("all", "-1"):
                 raise ConfigurationError(f"{SINK}: kafka.acks must be 'all' for exactly-once (got {cfg['acks']!r})")
         interval = o["triggerInterval"]
-        if interval is not None and guarantee is Guarantee.EXACTLY_ONCE and timeout < 2 * interval:
-            raise ConfigurationError(
-                f"{SINK}: kafka.transaction.timeout.ms={timeout} is shorter than two trigger intervals "
-                f"({interval} ms): the broker would abort prepared transactions before the driver commits them "
-                "(data loss). Raise kafka.transaction.timeout.ms (<= the broker's transaction.max.timeout.ms) "
-                "or shorten the trigger")
+        if interval is not None and guarantee is Guarantee.EXACTLY_ONCE and timeout_explicit:
+            check_timeout_against_trigger(timeout, interval)
         return cls(bootstrap_servers=tuple(cfg["bootstrap_servers"]), topic=o["topic"], producer_config=cfg,
                    transactional_id_prefix=prefix, attempt_slots=o["transactionalIdAttempts"],
-                   transaction_timeout_ms=timeout, trigger_interval_ms=interval, sink_id=sink_id,
+                   transaction_timeout_ms=timeout, transaction_timeout_explicit=timeout_explicit,
+                   trigger_interval_ms=interval, sink_id=sink_id,
                    guarantee=guarantee, log_location=o["log.location"], log_retain=o["log.retain"], owner=owner,
                    prefix_registry=o["prefixRegistry"], commit_parallelism=o["commitParallelism"],
                    columns=tuple(names), s3=s3_config_from(o), client=o["kafkaClient"])
@@ -491,7 +494,20 @@ class KafkaSink(SinkSpec[KafkaCommittable]):
                 self._check_age_alarm()
 
     def _check_transaction_timeout(self, client: Any) -> None:
-        """Invariant 7: the broker must accept the timeout, else fail now on the driver (once per process)."""
+        """Invariant 7: the broker must accept the timeout, else fail now on the driver (once per process).
+
+        With no ``kafka.transaction.timeout.ms`` given, the largest timeout the brokers accept (up to the 1-hour
+        default) is chosen, logged, and pinned into this sink's options: the copies Spark sends to executors and
+        to the commit runner are made after this check, so every producer uses the chosen timeout."""
+        if not self.options.transaction_timeout_explicit:
+            chosen = choose_default_timeout(client, f"{self.prefix}-timeout-check",
+                                            key=(self.options.bootstrap_servers, self.prefix), sink_id=self.sink_id)
+            self.options = dataclasses.replace(self.options, transaction_timeout_ms=chosen,
+                                               transaction_timeout_explicit=True)
+            if self.options.trigger_interval_ms is not None:
+                check_timeout_against_trigger(chosen, self.options.trigger_interval_ms, chosen=True)
+            _TIMEOUTS_ACCEPTED.add((self.options.bootstrap_servers, self.prefix, chosen))
+            return
         timeout = self.options.transaction_timeout_ms
         key = (self.options.bootstrap_servers, self.prefix, timeout)
         if key in _TIMEOUTS_ACCEPTED:
@@ -499,6 +515,14 @@ class KafkaSink(SinkSpec[KafkaCommittable]):
         if not client.accepts_timeout(f"{self.prefix}-timeout-check", timeout):
             raise self._timeout_refused()
         _TIMEOUTS_ACCEPTED.add(key)
+
+    def effective_timeout_ms(self) -> int:
+        """The transaction timeout producers and fences use: the explicit or pinned one, else (a sink whose start
+        check did not run in this process, e.g. a CLI's) the brokers' choice (:func:`choose_default_timeout`)."""
+        if self.options.transaction_timeout_explicit:
+            return self.options.transaction_timeout_ms
+        return choose_default_timeout(self._client(), f"{self.prefix}-timeout-check",
+                                      key=(self.options.bootstrap_servers, self.prefix), sink_id=self.sink_id)
 
     def _timeout_refused(self) -> ConfigurationError:
         timeout = self.options.transaction_timeout_ms
@@ -811,7 +835,7 @@ class KafkaPythonWriter(_KafkaWriterBase):
         # flight: the default 100 ms makes init_transactions take ~0.25 s, 20 ms ~0.08 s (measured)
         cfg.setdefault("retry_backoff_ms", 20)
         if transactional_id is not None:
-            cfg.update(transactional_id=transactional_id, transaction_timeout_ms=self.options.transaction_timeout_ms)
+            cfg.update(transactional_id=transactional_id, transaction_timeout_ms=self.sink.effective_timeout_ms())
         else:
             cfg.setdefault("enable_idempotence", True)
         try:
@@ -902,7 +926,7 @@ class KafkaPythonWriter(_KafkaWriterBase):
         committable = KafkaCommittable(
             checkpoint_id=c.checkpoint_id, task_id=c.task_id, attempt_uid=c.attempt_uid, records=txn.records,
             guarantee=self.sink.guarantee.value, transactional_id=txn.transactional_id, partitions=partitions,
-            began_at=txn.began_at, timeout_ms=self.options.transaction_timeout_ms, producer_id=producer_id,
+            began_at=txn.began_at, timeout_ms=self.sink.effective_timeout_ms(), producer_id=producer_id,
             epoch=epoch)
         # end the task without committing or aborting: close only stops the sender thread
         producer.close(timeout=5)
@@ -1025,7 +1049,7 @@ class KafkaWriter(_KafkaWriterBase):
                "logger": logging.getLogger(LIBRDKAFKA_LOGGER)}
         if txn.transactional_id is not None:
             cfg.update({"transactional.id": txn.transactional_id,
-                        "transaction.timeout.ms": self.options.transaction_timeout_ms,
+                        "transaction.timeout.ms": self.sink.effective_timeout_ms(),
                         "statistics.interval.ms": self.STATS_INTERVAL_MS, "stats_cb": txn.on_stats})
         else:
             cfg.setdefault("enable.idempotence", True)
@@ -1164,7 +1188,7 @@ class KafkaWriter(_KafkaWriterBase):
         committable = KafkaCommittable(
             checkpoint_id=c.checkpoint_id, task_id=c.task_id, attempt_uid=c.attempt_uid, records=txn.records,
             guarantee=self.sink.guarantee.value, transactional_id=txn.transactional_id, partitions=partitions,
-            began_at=txn.began_at, timeout_ms=self.options.transaction_timeout_ms, producer_id=txn.producer_id,
+            began_at=txn.began_at, timeout_ms=self.sink.effective_timeout_ms(), producer_id=txn.producer_id,
             epoch=txn.epoch)
         # the task ends without committing or aborting: the producer is dropped, NEVER closed (close() aborts)
         txn.producer = None
@@ -1286,7 +1310,7 @@ class KafkaCommitter(SinkCommitter[KafkaCommittable]):
             parsed = self.sink._parse_id(tid)
             if parsed is None or parsed[1] != generation or tid in kept:
                 continue
-            client.fence(tid, self.options.transaction_timeout_ms)
+            client.fence(tid, self.sink.effective_timeout_ms())
             fenced += 1
         if fenced:
             _log.info("lingering_aborted", sink_id=self.sink.sink_id, generation=generation, up_to=n, fenced=fenced,

@@ -1,0 +1,115 @@
+"""twophase-kafka against Apache Kafka itself with Kafka's default broker settings (issue 22 section 0).
+
+A default broker caps transaction timeouts at ``transaction.max.timeout.ms`` = 900000 (15 min), below the
+sink's 1-hour default. With no ``kafka.transaction.timeout.ms`` the sink takes the largest timeout the
+brokers accept and logs it; an explicit value the brokers refuse stays a clear error naming both settings;
+and the Kafka quick start of docs/kafka.md runs as written on such a broker, every record once."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import textwrap
+import uuid
+
+import pytest
+
+from integration.kafka.apache_kafka import apache_kafka_broker
+
+pytestmark = pytest.mark.kafka
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def default_broker():
+    with apache_kafka_broker() as bootstrap:
+        yield bootstrap
+
+
+def _sink(bootstrap, tmp_path, **extra):
+    from twophase.sinks.kafka import KafkaSink
+    return KafkaSink.from_options({"kafka.bootstrap.servers": bootstrap, "topic": f"t-{uuid.uuid4().hex[:8]}",
+                                   "checkpointLocation": str(tmp_path / "ck"),
+                                   "prefixRegistry": str(tmp_path / "registry"), **extra})
+
+
+def test_kafka_default_timeout_is_the_largest_the_default_brokers_accept(default_broker, tmp_path, caplog):
+    caplog.set_level("INFO")
+    sink = _sink(default_broker, tmp_path)
+    sink.validate_destination()
+    assert sink.options.transaction_timeout_ms == 900_000          # Kafka's default transaction.max.timeout.ms
+    assert sink.effective_timeout_ms() == 900_000
+    chosen = [r for r in caplog.records if "kafka_transaction_timeout_chosen" in r.getMessage()]
+    assert chosen and "15 min" in chosen[0].getMessage() and "DataLossError" in chosen[0].getMessage()
+    # the pinned value travels with the sink to executors and the commit runner
+    import pickle
+    assert pickle.loads(pickle.dumps(sink)).options.transaction_timeout_ms == 900_000
+
+
+def test_kafka_explicit_timeout_above_the_brokers_maximum_is_refused_naming_both(default_broker, tmp_path):
+    from twophase.errors import ConfigurationError
+    sink = _sink(default_broker, tmp_path, **{"kafka.transaction.timeout.ms": "3600000"})
+    with pytest.raises(ConfigurationError) as e:
+        sink.validate_destination()
+    assert "kafka.transaction.timeout.ms=3600000" in str(e.value) and "transaction.max.timeout.ms" in str(e.value)
+
+
+def test_kafka_default_timeout_below_two_triggers_is_refused_after_the_choice(default_broker, tmp_path):
+    from twophase.errors import ConfigurationError
+    sink = _sink(default_broker, tmp_path, triggerInterval="10 minutes")
+    with pytest.raises(ConfigurationError) as e:
+        sink.validate_destination()
+    assert "900000 ms, chosen because kafka.transaction.timeout.ms is not set" in str(e.value)
+
+
+def test_kafka_default_timeout_is_one_hour_where_the_brokers_allow_it(tmp_path):
+    with apache_kafka_broker("transaction.max.timeout.ms=3600000") as bootstrap:
+        sink = _sink(bootstrap, tmp_path)
+        sink.validate_destination()
+        assert sink.options.transaction_timeout_ms == 3_600_000
+
+
+CHECK = textwrap.dedent('''
+    import json, time
+    from kafka import KafkaConsumer
+    deadline, seen = time.time() + 300, []
+    consumer = KafkaConsumer("out", bootstrap_servers=BOOTSTRAP, isolation_level="read_committed",
+                             auto_offset_reset="earliest", consumer_timeout_ms=2000)
+    while len(seen) < 500 and time.time() < deadline:
+        for q in spark.streams.active:
+            assert q.exception() is None, q.exception()
+        seen.extend(m.value.decode() for m in consumer)
+    for q in spark.streams.active:
+        q.stop()
+    seen.extend(m.value.decode() for m in consumer)
+    print(json.dumps({"records": len(seen), "distinct": len(set(seen))}))
+    spark.stop()
+''')
+
+
+@pytest.mark.spark
+def test_kafka_quick_start_runs_as_written_on_a_default_apache_kafka(default_broker, tmp_path):
+    """docs/kafka.md's first example, with only the broker address and /data replaced: it used to stop at
+    start (the 1-hour default above the broker's 15-minute maximum)."""
+    from kafka import KafkaProducer
+    block = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "kafka.md").read_text(), re.S)[0]
+    producer = KafkaProducer(bootstrap_servers=default_broker)
+    for i in range(500):
+        producer.send("in", f"r{i}".encode())
+    producer.flush()
+    producer.close()
+    data = str(tmp_path / "data") + "/"
+    script = ("from pyspark.sql import SparkSession\nspark = SparkSession.builder.getOrCreate()\n"
+              + block.replace("localhost:9092", default_broker).replace("/data/", data)
+              + f"\nBOOTSTRAP = {default_broker!r}\n" + CHECK)
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, env=env,
+                         cwd=str(tmp_path))
+    assert res.returncode == 0, res.stderr[-4000:]
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got == {"records": 500, "distinct": 500}, got
