@@ -6,7 +6,9 @@ Invariants (the S3 sink's, :mod:`twophase.sinks.s3`; ``test_s3_sink_invN_*``):
 - an upload is invisible until :func:`complete_upload`; completing it again, or finding an object
   with its multipart ETag, is "already" committed; gone without that object is data loss;
 - :func:`abort_upload` never deletes an object;
-- :func:`abort_lingering_uploads` touches only uploads whose name carries the sink's token.
+- :func:`abort_lingering_uploads` touches only uploads whose name carries the sink's token, where the sink
+  puts its files (directly under its prefix or under Hive partition folders: never under a nested
+  destination's folder, :func:`twophase.naming.own_part_rel`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any, Collection, Mapping, Optional
 from twophase.sinks._chunked import ChunkedUploadStream
 from twophase.errors import CommitFailedError, ConfigurationError, DataLossError, TransientSinkError
 from twophase.log_s3 import S3Config, error_code, http_status
-from twophase.naming import own_part_checkpoint
+from twophase.naming import own_part_rel
 
 MIN_PART_SIZE = 5 << 20
 #: S3's limit of parts per upload; a file may overshoot its roll size by what the writer buffered, so the
@@ -175,12 +177,14 @@ def abort_upload(client: Any, bucket: str, key: str, upload_id: str) -> bool:
 
 def list_own_uploads(client: Any, bucket: str, prefix: str, sink_id: str) -> list[tuple[str, str, int]]:
     """``(key, upload id, checkpoint id)`` of every upload in progress under ``prefix`` that THIS sink
-    named (its token): one ListMultipartUploads per 1000 uploads in progress under the prefix."""
+    named (its token) where it puts its files (:func:`~twophase.naming.own_part_rel`: another destination
+    nested under the prefix with the same sink id has the same token, never its layout): one
+    ListMultipartUploads per 1000 uploads in progress under the prefix."""
     own = []
     pfx = f"{prefix}/" if prefix else ""
     for page in client.get_paginator("list_multipart_uploads").paginate(Bucket=bucket, Prefix=pfx):
         for up in page.get("Uploads", ()):
-            cid = own_part_checkpoint(up["Key"].rsplit("/", 1)[-1], sink_id)
+            cid = own_part_rel(up["Key"][len(pfx):], sink_id)
             if cid is not None:
                 own.append((up["Key"], up["UploadId"], cid))
     return own
