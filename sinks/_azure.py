@@ -7,10 +7,14 @@ its blocks instead:
   invisible, no reader and no listing without ``include=uncommittedblobs`` sees them;
 - :func:`commit_blocks` makes the blob with one Put Block List (``If-None-Match: *``: it never replaces a
   blob); for Delta the blob is still unreferenced until the Delta commit adds it;
-- :func:`drop_uncommitted` removes a name's staged blocks and never a committed blob: it commits an empty
-  block list with ``If-None-Match: *`` (which discards the staged blocks, and fails if a committed blob is
-  there) and deletes exactly that empty blob (``If-Match`` its ETag). Azure's Delete Blob answers 404 for
-  a name with only staged blocks (Azurite deletes them: both are handled);
+- :func:`drop_uncommitted` removes a name's staged blocks and never a committed data file: it commits an
+  empty block list with ``If-None-Match: *`` (which discards the staged blocks, and fails if a committed
+  blob is there) and deletes exactly that empty blob (``If-Match`` its ETag). Azure's Delete Blob answers
+  404 for a name with only staged blocks (Azurite deletes them: both are handled). Cut between its two
+  requests (a crash, or the SDK re-sent the Put Block List whose answer was lost and got 409), a committed
+  0-byte blob stays under the name: a data file is never 0 bytes (a file has a row, and every format
+  writes at least a byte per row), so a 0-byte blob under a part name is an abort's leftover, which the
+  drop's 409 path and :func:`list_own_staged` (the sweep) remove;
 - :func:`delete_blob` deletes a committed blob, or drops staged blocks where no blob is committed.
 
 Azure garbage-collects staged blocks that were never committed after seven days; the sweeps remove a
@@ -27,7 +31,7 @@ from typing import Any, Iterator, Optional
 from twophase.sinks._chunked import ChunkedUploadStream
 from twophase.errors import CommitFailedError, ConfigurationError, DataLossError, TransientSinkError
 from twophase.log_azure import AzureConfig, azure_error_code, http_status
-from twophase.naming import own_part_checkpoint
+from twophase.naming import own_part_rel
 
 
 def block_id(n: int) -> str:
@@ -140,17 +144,32 @@ def drop_uncommitted(blob: Any) -> bool:
     it removed something. A committed blob under the name is left alone (False)."""
     from azure.core import MatchConditions
     try:
-        made = blob.commit_block_list([], match_condition=MatchConditions.IfMissing)
+        etag = blob.commit_block_list([], match_condition=MatchConditions.IfMissing)["etag"]
     except Exception as e:
-        if http_status(e) in (409, 412):
-            return False  # a committed blob is there: not staged blocks, not ours to drop here
-        raise TransientSinkError(f"cannot drop the staged blocks of blob {blob.blob_name!r}: {azure_error_code(e)}") from e
+        if http_status(e) not in (409, 412):
+            raise TransientSinkError(f"cannot drop the staged blocks of blob {blob.blob_name!r}: "
+                                     f"{azure_error_code(e)}") from e
+        etag = _empty_blob_etag(blob)  # a committed blob is there: a data file (not ours to drop here), or
+        if etag is None:  # the 0-byte blob of a drop cut between its requests (this one's lost answer)
+            return False
     try:
-        blob.delete_blob(etag=made["etag"], match_condition=MatchConditions.IfNotModified)
+        blob.delete_blob(etag=etag, match_condition=MatchConditions.IfNotModified)
     except Exception as e:
         if http_status(e) not in (404, 412):
             raise TransientSinkError(f"cannot delete blob {blob.blob_name!r}: {azure_error_code(e)}") from e
     return True
+
+
+def _empty_blob_etag(blob: Any) -> Optional[str]:
+    """The ETag of the committed blob under the name if it has 0 bytes (what an empty Put Block List leaves;
+    never a data file), else None (no blob, or one with data)."""
+    try:
+        props = blob.get_blob_properties()
+    except Exception as e:
+        if http_status(e) == 404:
+            return None
+        raise TransientSinkError(f"cannot read the properties of blob {blob.blob_name!r}: {azure_error_code(e)}") from e
+    return str(props.etag) if int(props.size or 0) == 0 else None
 
 
 def delete_blob(blob: Any) -> None:
@@ -174,23 +193,28 @@ def list_names(container: Any, key_prefix: str, *, uncommitted: bool = True) -> 
 
 
 def list_own_staged(container: Any, prefix: str, sink_id: str) -> list[tuple[str, str, int]]:
-    """``(name, name, checkpoint id)`` of every name under ``prefix`` that has staged blocks only (no committed
-    blob) and carries THIS sink's token: the blobs listed with ``include=uncommittedblobs`` minus those listed
-    without (List Blobs says no more about a name with staged blocks only). Two listings of the prefix, each
-    one request per 5000 names (committed ones included: Azure has no listing of staged blocks alone)."""
+    """``(name, name, checkpoint id)`` of every name under ``prefix`` that THIS sink made (its token, where it
+    puts its files: :func:`~twophase.naming.own_part_rel`, never under a nested destination's folder) and that
+    holds no data: staged blocks only (no committed blob), or a committed 0-byte blob (a drop cut between
+    its two requests, see the module doc; a data file is never 0 bytes). Staged-only names are the blobs
+    listed with ``include=uncommittedblobs`` minus those listed without (List Blobs says no more about a
+    name with staged blocks only). Two listings of the prefix, each one request per 5000 names (committed
+    ones included: Azure has no listing of staged blocks alone)."""
     key_prefix = f"{prefix}/" if prefix else ""
 
-    def own(uncommitted: bool) -> dict[str, int]:
+    def own(uncommitted: bool) -> dict[str, tuple[int, int]]:
         out = {}
-        for name in list_names(container, key_prefix, uncommitted=uncommitted):
-            cid = own_part_checkpoint(name.rsplit("/", 1)[-1], sink_id)
+        include = ["uncommittedblobs"] if uncommitted else None
+        for b in container.list_blobs(name_starts_with=key_prefix, include=include):
+            cid = own_part_rel(b.name[len(key_prefix):], sink_id)
             if cid is not None:
-                out[name] = cid
+                out[b.name] = (cid, int(b.size or 0))
         return out
 
     committed = own(False)  # first: a name committed between the two listings looks staged-only here, and
-    every = own(True)  # drop_uncommitted then refuses it (a committed blob is there)
-    return [(name, name, cid) for name, cid in sorted(every.items()) if name not in committed]
+    every = own(True)  # drop_uncommitted then refuses it (a committed blob with data is there)
+    return [(name, name, cid) for name, (cid, _) in sorted(every.items())
+            if name not in committed or committed[name][1] == 0]
 
 
 def check_container(config: AzureConfig, container_name: str, prefix: str, *, sink: str, url: str) -> None:

@@ -35,10 +35,13 @@ Invariants (``test_azure_files_sink_invN_*``):
    commit and a delete of exactly that empty blob); it never deletes a committed blob. Azure has no other way
    to discard staged blocks before its seven days (Delete Blob answers 404 for a name with staged blocks
    only), so for the time of one request a loser's name is an EMPTY blob: Spark skips empty files; another
-   reader listing at that instant may see a 0-byte file (never a partial one, never a duplicate row).
+   reader listing at that instant may see a 0-byte file (never a partial one, never a duplicate row). A drop
+   cut between its two requests (a crash, or a re-sent Put Block List whose answer was lost) leaves that
+   0-byte blob: the drop's retry and the sweep remove it (a data file is never 0 bytes).
 4. ``abort_lingering(n)`` drops the staged-only names under the path of checkpoints ``<= n`` that carry this
-   sink's token (crashed, failed, speculative or zombie attempts): never another sink's, never a committed
-   blob. It runs right after each commit (``sweep_after_commit``), WITH the commit (``sweep_with_commit``:
+   sink's token (crashed, failed, speculative or zombie attempts), and its 0-byte blobs of invariant 3:
+   never another sink's, never a blob with data, never a name under a folder other than a Hive partition
+   folder (another destination nested in this path, even with the same ``sink.id``). It runs right after each commit (``sweep_after_commit``), WITH the commit (``sweep_with_commit``:
    a commit of the checkpoint again after the sweep is still ALREADY_COMMITTED, invariant 2, since the
    sweep keeps the checkpoint's own names and never touches a committed blob). Cost: two listings of the
    path per batch (with and without ``include=uncommittedblobs``; Azure lists no staged blocks alone), one

@@ -282,3 +282,73 @@ def test_azure_files_bad_destination_is_a_configuration_error_naming_the_option(
         file_sink_from_options(opts, SCHEMA).validate_destination()
     assert option in str(e.value) and azure_server.key not in str(e.value)
     assert names(azure_server, container, uncommitted=True) == set()
+
+
+def test_azure_files_sink_inv4_a_nested_destination_with_the_same_sink_id_is_never_swept(
+        azure_server: AzureServer, container: str) -> None:
+    """Two destinations, one inside the other (.../out and .../out/eu), given the same explicit sink.id: their
+    names carry the same token and each has its own log. A's sweep lists out/, which holds B's staged blocks
+    too; it takes only names where A puts its files (directly under out/ or under Hive partition folders), so
+    B's pre-committed file survives and B commits it. A's own crashed attempt (a runtime task id,
+    ``<uid>-<subtask>``) is still swept."""
+    from concurrent.futures import ThreadPoolExecutor
+    a = make_sink(azure_server, container, **{"sink.id": "same"})
+    b = file_sink_from_options({"path": azure_server.url(container, "out/eu"), **azure_server.options(),
+                                "sink.id": "same"}, SCHEMA)
+    assert isinstance(b, AzureFilesSink) and sink_token(a.sink_id) == sink_token(b.sink_id)
+    coord_a, coord_b = coordinator(a, "qa"), coordinator(b, "qb")  # two logs: no refusal
+    b_ack = run_task(b, TransactionContext(b.sink_id, 1, "0"), [rows(1, 1)])  # pre-committed, not committed yet
+    crashed = f"p=even/{part_file_name(a.sink_id, 1, 'out-0', uuid.uuid4().hex[:12], 0, 'parquet')}"
+    with ThreadPoolExecutor(1) as pool:  # the embedded runtime's task died with blocks staged
+        stream = a.store.open_stream(a.store.key(crashed), pool)
+        stream.write(b"x" * 1000)
+        stream.finish()
+    assert crashed in names(azure_server, container, uncommitted=True)
+    assert coord_a.complete_batch(2, [run_task(a, TransactionContext(a.sink_id, 2, "0"), [rows(2, 0)])]) == "COMMITTED"
+    after = names(azure_server, container, uncommitted=True)
+    assert crashed not in after, "A's own crashed attempt was not swept"
+    assert {x["name"][len("out/"):] for x in b_ack.handle["blobs"]} <= after, "A swept the nested destination's file"
+    assert coord_b.complete_batch(1, [b_ack]) == "COMMITTED"
+
+
+def test_azure_files_sink_inv3_an_abort_cut_between_its_two_requests_leaves_no_empty_blob(
+        azure_server: AzureServer, container: str) -> None:
+    """Dropping staged blocks is two requests (an empty Put Block List, then Delete Blob by its ETag). Cut
+    between them (a crash; or the SDK re-sent the Put Block List whose first answer was lost and got 409),
+    a committed 0-byte blob is left under the sink's name, which readers of the path fail on. A data file of
+    the sink is never 0 bytes (every format writes at least one byte per row, and a file has a row), so such
+    a blob is provably an abort's leftover: the retried drop removes it, and so does the next sweep."""
+    import pyarrow as _pa
+    from twophase.sinks._formats import COMPRESSIONS, FORMATS, open_format_writer
+    from azure.core import MatchConditions
+    for fmt in FORMATS:  # the premise: one row of the emptiest value is never 0 bytes, in any format
+        for comp in COMPRESSIONS[fmt]:
+            for value in (None, ""):
+                buf = io.BytesIO()
+                w = open_format_writer(fmt, buf, _pa.schema([("v", _pa.string())]), compression=comp)
+                w.write(_pa.record_batch({"v": _pa.array([value], _pa.string())}))
+                w.close()
+                assert buf.getvalue(), (fmt, comp, value)
+    sink = make_sink(azure_server, container)
+    svc = azure_server.service()
+
+    def cut_drop(rel: str) -> None:  # the first of the two requests, alone
+        svc.get_blob_client(container, f"out/{rel}").commit_block_list([], match_condition=MatchConditions.IfMissing)
+
+    retried = stage_only(sink, 1, "p=even")
+    cut_drop(retried)  # the first Put Block List's answer was lost: its retry gets 409 BlobAlreadyExists
+    assert retried in names(azure_server, container, uncommitted=False)
+    assert drop_uncommitted(svc.get_blob_client(container, f"out/{retried}"))
+    assert retried not in names(azure_server, container, uncommitted=True), "the retried drop left an empty blob"
+    crashed = stage_only(sink, 1, "p=odd")
+    cut_drop(crashed)  # the process died between the two requests
+    other = make_sink(azure_server, container, **{"sink.id": "other"})
+    foreign = stage_only(other, 1, "")
+    svc.get_blob_client(container, f"out/{foreign}").commit_block_list([])  # another sink's empty blob
+    assert coordinator(sink).complete_batch(1, [run_task(sink, TransactionContext(sink.sink_id, 1, "0"),
+                                                         [rows(1, 0)])]) == "COMMITTED"
+    left = names(azure_server, container, uncommitted=True)
+    assert crashed not in left, "the sweep left an abort's empty blob"
+    assert foreign in left, "the sweep removed another sink's blob"
+    svc.get_blob_client(container, f"out/{foreign}").delete_blob()
+    assert read_ids(azure_server, container) == sorted(rows(1, 0).column("id").to_pylist())
