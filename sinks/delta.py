@@ -82,7 +82,7 @@ from twophase.sinks._filelike import check_partition_columns
 from twophase.sinks._s3 import (MultipartStream, abort_lingering_uploads, check_bucket, check_part_count,
                                 complete_upload, multipart_etag)
 from twophase.sinks._azure import AzureFiles, check_container
-from twophase.naming import internal_rel, own_part_checkpoint
+from twophase.naming import internal_rel, own_part_checkpoint, own_part_rel
 from twophase import faults
 from twophase._logging import get_logger
 from twophase._redact import safe_repr
@@ -993,7 +993,7 @@ class DeltaCommitter(SinkCommitter[DeltaCommittable]):
         """List the whole table; delete own files of checkpoints in (after, up_to] that final records prove orphaned."""
         candidates: dict[str, int] = {}
         for rel in self.files.list_data():
-            cid = own_part_checkpoint(rel.rsplit("/", 1)[-1], self.sink_id)
+            cid = own_part_rel(rel, self.sink_id)  # the sink's layout: never a nested table's (same sink.id) files
             if cid is not None and after < cid <= up_to:
                 candidates[rel] = cid
         records = {cid: log.get(cid) for cid in sorted(set(candidates.values()))}
