@@ -457,12 +457,22 @@ class CheckpointCoordinator:
             assert outcome is not None, "every WRITE_JOB_COMMIT decision ends with an outcome or raises"
             return outcome
 
-    def abort_write_job(self, checkpoint_id: int, acks: Sequence[Optional[Ack]], reason: str) -> None:
+    def abort_write_job(self, checkpoint_id: int, acks: Sequence[Optional[Ack]], reason: str) -> Optional[CommitOutcome]:
         """Spark's driver abort of a batch write's run: abort every prepared handle, record ABORTED and
-        sweep what failed attempts left (ids <= this run's: no later run exists while this one is PENDING)."""
+        sweep what failed attempts left (ids <= this run's: no later run exists while this one is PENDING).
+
+        A run that is COMPLETED is decided and only ever goes forward (write_job invariant 5): Spark calls
+        abort when its commit threw after the decision (a transient error while committing), so the run is
+        committed here, exactly as a commit would (WRITE_JOB_COMMIT on COMPLETED), and the outcome returned
+        (None: nothing was committed)."""
+        present = [a for a in acks if a is not None]
         with self._lock, self.log.locked():
-            call = self._read(checkpoint_id, handles=[a.handle for a in acks if a is not None])
+            call = self._read(checkpoint_id, handles=[a.handle for a in present])
+            if call.state is CheckpointState.COMPLETED:
+                call = self._read(checkpoint_id, handles=[a.handle for a in present], acks=present)
+                return self._run(Event.WRITE_JOB_COMMIT, call.state, Facts(), call)
             self._run(Event.WRITE_JOB_ABORT, call.state, Facts(reason=reason), call)
+            return None
 
     def take_over_write_job(self, checkpoint_id: int, reason: str) -> None:
         """Abort the unfinished (PENDING) run ``checkpoint_id`` of a batch write that a new run replaces,

@@ -58,8 +58,8 @@ from typing import Any, Optional, Sequence
 from twophase._logging import get_logger
 from twophase.coordinator import CheckpointCoordinator
 from twophase.decisions import CommitOutcome
-from twophase.errors import ConcurrentWriterError, ConfigurationError
-from twophase.log import TransactionLog, decode_record, encode_record
+from twophase.errors import CommitFailedError, ConcurrentWriterError, ConfigurationError
+from twophase.log import CheckpointRecord, TransactionLog, decode_record, encode_record
 from twophase.options import Option, parse_duration_ms
 from twophase.sink import Ack, Guarantee, SinkSpec
 from twophase.states import CheckpointState
@@ -214,23 +214,89 @@ def plan_write_job(base: SinkSpec[Any], *, write_id: Optional[str] = None,
     return WriteJob(base, spec, key, write_id, run)
 
 
+#: commit_write_job: attempts at committing a decided (COMPLETED) run before the error goes to Spark, and the
+#: pause before the first retry (doubled each time)
+COMMIT_ATTEMPTS = 4
+COMMIT_RETRY_PAUSE_S = 0.5
+
+
+def _record(job: WriteJob) -> Optional[CheckpointRecord]:
+    """The run's record as the log has it now (a fresh read, outside any lock span)."""
+    return job.spec.transaction_log().get(job.checkpoint_id)
+
+
+def _forget_if_final(job: WriteJob) -> bool:
+    """Forget the write in the registry only if every run of it is final (read under the write log's lock):
+    a decided (COMPLETED) or running run stays known, for the next run or the next write to finish
+    (invariant 5). Returns whether it was forgotten."""
+    log = job.spec.transaction_log()
+    with log.locked():
+        view = log.view()
+        if view.unfinished or job.checkpoint_id not in view.ids:
+            return False
+        _forget(job.base.transaction_log(), job.key)
+        return True
+
+
 def commit_write_job(job: WriteJob, acks: Sequence[Optional[Ack]]) -> Optional[CommitOutcome]:
-    """Spark's driver commit of the run: complete, commit, sweep; then forget the write in the registry."""
+    """Spark's driver commit of the run: complete, commit, sweep; then forget the write in the registry.
+
+    A run that is decided (COMPLETED) only goes forward (invariant 5): an error after the decision (an S3
+    5xx, EIO while linking one file) is retried here; if it persists, the write stays in the registry and
+    the error says who finishes it."""
     if job.skip or job.spec.guarantee is Guarantee.AT_LEAST_ONCE:
         return None
-    coord = CheckpointCoordinator(job.spec, sweep_after_commit=True)
-    outcome = coord.complete_write_job(job.checkpoint_id, acks, [str(i) for i in range(len(acks))])
-    _forget(job.base.transaction_log(), job.key)
+    outcome: Optional[CommitOutcome] = None
+    for attempt in range(1, COMMIT_ATTEMPTS + 1):
+        try:
+            coord = CheckpointCoordinator(job.spec, sweep_after_commit=True)
+            outcome = coord.complete_write_job(job.checkpoint_id, acks, [str(i) for i in range(len(acks))])
+            break
+        except Exception as e:  # noqa: BLE001 - a decided run is retried whatever the sink raised
+            rec = _record(job)
+            if rec is None or rec.state is not CheckpointState.COMPLETED:
+                _forget_if_final(job)
+                raise
+            if attempt == COMMIT_ATTEMPTS:
+                _log.error("write_job_commit_failed_after_decision", sink_id=job.spec.sink_id, write_id=job.write_id,
+                           run=job.checkpoint_id, attempts=attempt, error=str(e),
+                           consequence="the run is decided (COMPLETED) and stays known in the registry: it is "
+                                       "committed whole by Spark's abort of this job, by a re-run with the same "
+                                       "writeId, or by the next batch write to this destination")
+                raise CommitFailedError(
+                    f"run {job.checkpoint_id} of batch write {job.write_id or job.key!r} is decided (COMPLETED) but "
+                    f"committing it failed {attempt} times: {e}. It is never aborted: it is committed whole by a "
+                    "re-run of this write with the same option writeId, or by the next batch write to this "
+                    "destination (re-run without writeId and it would be written twice)") from e
+            pause = COMMIT_RETRY_PAUSE_S * 2 ** (attempt - 1)
+            _log.warning("write_job_commit_retry", sink_id=job.spec.sink_id, write_id=job.write_id,
+                         run=job.checkpoint_id, attempt=attempt, pause_s=pause, error=str(e),
+                         consequence="the run is decided: its commit is retried, never abandoned")
+            time.sleep(pause)
+    _forget_if_final(job)
     _log.info("write_job_committed", sink_id=job.spec.sink_id, write_id=job.write_id, run=job.checkpoint_id,
               outcome=str(outcome), tasks=len(acks))
     return outcome
 
 
-def abort_write_job(job: WriteJob, acks: Sequence[Optional[Ack]], reason: str) -> None:
-    """Spark's driver abort of the run: abort every prepared handle, record ABORTED, sweep; forget the write."""
+def abort_write_job(job: WriteJob, acks: Sequence[Optional[Ack]], reason: str) -> Optional[CommitOutcome]:
+    """Spark's driver abort of the run: abort every prepared handle, record ABORTED, sweep; forget the write.
+
+    Spark also calls it when its commit threw: a run that is decided (COMPLETED) is committed here instead
+    (invariant 5), and the outcome returned; if that fails too, the write stays in the registry."""
     if job.skip or job.spec.guarantee is Guarantee.AT_LEAST_ONCE:
-        return
-    CheckpointCoordinator(job.spec, sweep_after_commit=True).abort_write_job(job.checkpoint_id, acks, reason)
-    _forget(job.base.transaction_log(), job.key)
+        return None
+    try:
+        outcome = CheckpointCoordinator(job.spec, sweep_after_commit=True).abort_write_job(
+            job.checkpoint_id, acks, reason)
+    finally:
+        _forget_if_final(job)
+    if outcome is not None:
+        _log.warning("write_job_committed_at_abort", sink_id=job.spec.sink_id, write_id=job.write_id,
+                     run=job.checkpoint_id, outcome=str(outcome), reason=reason,
+                     consequence="the run was decided before the error Spark reports: its rows are committed, "
+                                 "whole; do not re-run it without option writeId")
+        return outcome
     _log.warning("write_job_aborted", sink_id=job.spec.sink_id, write_id=job.write_id, run=job.checkpoint_id,
                  reason=reason)
+    return None
