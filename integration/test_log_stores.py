@@ -4,10 +4,13 @@ Blob (Azurite). One test body per invariant, parametrized over the stores."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+import socket
+import urllib.parse
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import pytest
@@ -30,6 +33,9 @@ class Backend:
     raw_put: Callable[[str, bytes], None]
     count_reads: Callable[[ObjectLogStore], list]
     configs: tuple
+    #: the server's endpoint URL, and a new store on ``location`` that reaches the server through another one
+    endpoint: str = ""
+    store_via: Callable[[str], ObjectLogStore] = None  # type: ignore[assignment]
 
 
 def _s3(server: Any) -> Backend:
@@ -42,7 +48,9 @@ def _s3(server: Any) -> Backend:
         store.client.meta.events.register("provide-client-params.s3.GetObject", lambda params, **_: seen.append(params["Key"]))
         return seen
     return Backend("s3", f"s3://{bucket}/log", lambda: S3LogStore(f"s3://{bucket}/log", cfg),
-                   lambda key, data: server.client().put_object(Bucket=bucket, Key=f"log/{key}", Body=data), count, (cfg,))
+                   lambda key, data: server.client().put_object(Bucket=bucket, Key=f"log/{key}", Body=data), count, (cfg,),
+                   server.endpoint,
+                   lambda endpoint: S3LogStore(f"s3://{bucket}/log", replace(cfg, endpoint=endpoint)))
 
 
 def _azure(server: Any) -> Backend:
@@ -58,7 +66,8 @@ def _azure(server: Any) -> Backend:
         return seen
     return Backend("azure", location, lambda: AzureLogStore(location, cfg),
                    lambda key, data: server.service().get_blob_client(container, f"log/{key}").upload_blob(data, overwrite=True),
-                   count, (cfg,))
+                   count, (cfg,), cfg.endpoint,
+                   lambda endpoint: AzureLogStore(location, replace(cfg, endpoint=endpoint)))
 
 
 @pytest.fixture(params=["s3", "azure"])
@@ -169,3 +178,96 @@ def test_object_log_opened_by_url_refuses_a_second_owner(backend: Backend) -> No
     log.claim("query-a")
     with pytest.raises(ConcurrentWriterError):
         TransactionLog(open_store(backend.location, *backend.configs), "sink").claim(f"query-{uuid.uuid4().hex[:4]}")
+
+
+class LoseOneAnswer:
+    """A TCP proxy in front of ``endpoint`` (an http:// URL) that loses the answer to one request: once armed
+    with a marker, the next request whose first line holds it reaches the server (which applies it), and the
+    connection is closed as its final answer comes back (an interim ``100 Continue`` passes). The client never hears of it and re-sends the request
+    (botocore and the Azure SDK retry a closed connection), as after a network cut. Every other byte passes."""
+
+    def __init__(self, endpoint: str) -> None:
+        u = urllib.parse.urlsplit(endpoint)
+        self.upstream = (u.hostname, u.port)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.endpoint = f"http://127.0.0.1:{self.listener.getsockname()[1]}{u.path}"
+        self.marker: bytes = b""
+        self.lost = 0
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def arm(self, marker: str) -> None:
+        with self._lock:
+            self.marker = marker.encode()
+
+    def close(self) -> None:
+        self.listener.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        server = socket.create_connection(self.upstream)
+        doomed = threading.Event()
+
+        def down() -> None:  # the server's answers to the client, but the doomed one
+            try:
+                while data := server.recv(65536):
+                    if doomed.is_set() and not data.startswith(b"HTTP/1.1 100 "):  # the final answer, not
+                        # the interim 100 Continue (botocore sends Expect: 100-continue: the body follows it)
+                        with self._lock:
+                            self.lost += 1
+                        break
+                    client.sendall(data)
+            except OSError:
+                pass
+            for sock in (client, server):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                sock.close()
+
+        threading.Thread(target=down, daemon=True).start()
+        try:
+            while data := client.recv(65536):
+                with self._lock:
+                    if self.marker and data.startswith(b"PUT ") and self.marker in data.split(b"\r\n", 1)[0]:
+                        self.marker = b""
+                        doomed.set()  # before the request goes out: its answer is the next bytes back
+                server.sendall(data)
+        except OSError:
+            pass
+
+
+def test_object_log_inv3_a_conditional_write_whose_answer_was_lost_is_the_writers_own(backend: Backend) -> None:
+    """The answer to a conditional write (If-None-Match: * for a new record, If-Match for a transition) is lost
+    after the server applied it; the client re-sends, and the server refuses the copy (412 / 409: the object
+    is no longer absent, or no longer at the version read). The store recognises its own bytes there and
+    reports the write as done: the log records the transition once and the query goes on, instead of
+    stopping with ConcurrentWriterError over its own record. Another writer's record is still refused."""
+    proxy = LoseOneAnswer(backend.endpoint)
+    try:
+        log = TransactionLog(backend.store_via(proxy.endpoint), "s")
+        log.transition(3, C.PENDING)
+        log.transition(3, C.ABORTED, reason="the store learns the endpoint's If-Match form (S3)")
+        name = "checkpoints/00000000000000000004.json"
+        proxy.arm(name)
+        log.transition(4, C.PENDING)  # the create's answer is lost
+        proxy.arm(name)
+        log.transition(4, C.COMPLETED, handles={"0": {"h": "a"}})  # the compare-and-swap's answer is lost
+        assert proxy.lost == 2, "the proxy lost no answer: the test did not test"
+        log.transition(4, C.COMMITTED)
+        assert TransactionLog(backend.store(), "s").get(4).state is C.COMMITTED
+        other = TransactionLog(backend.store(), "s")
+        seen = other.get_versioned(4)
+        log.transition(5, C.PENDING)
+        log.transition(5, C.ABORTED, reason="this driver")
+        with pytest.raises(ConcurrentWriterError):  # a record another writer changed is still refused
+            other.transition(5, C.PENDING, expected=(None, None))
+        assert seen[0].state is C.COMMITTED
+    finally:
+        proxy.close()

@@ -9,6 +9,7 @@ like AWS (the quoted one, RFC 7232) and counts requests; the real servers run th
 from __future__ import annotations
 
 import hashlib
+import io
 from typing import Any, Optional
 
 import pytest
@@ -50,6 +51,12 @@ class StubS3:
         self.objects[Key] = Body
         return {"ETag": self._etag(Key)}
 
+    def get_object(self, Bucket: str, Key: str) -> dict[str, Any]:
+        self.calls.append("GetObject")
+        if Key not in self.objects:
+            raise _error("NoSuchKey", 404, "GetObject")
+        return {"Body": io.BytesIO(self.objects[Key]), "ETag": self._etag(Key)}
+
     def head_object(self, Bucket: str, Key: str) -> dict[str, Any]:
         self.calls.append("HeadObject")
         if Key not in self.objects:
@@ -81,7 +88,7 @@ def test_s3_log_inv3_if_match_form_is_learned_once_per_endpoint_not_per_store() 
     v1 = first.put_if_version("r", b"PENDING", None)
     server.calls.clear()
     v2 = first.put_if_version("r", b"COMPLETED", v1)
-    assert v2 is not None and server.calls == ["PutObject", "HeadObject", "PutObject"]  # learned: 412, HEAD, again
+    assert v2 is not None and server.calls == ["PutObject", "GetObject", "PutObject"]  # learned: 412, GET, again
     server.calls.clear()
     second = _store(server)  # the next batch's store, same process and endpoint
     assert second.put_if_version("r", b"COMMITTED", v2) is not None
@@ -95,11 +102,11 @@ def test_s3_log_inv3_a_wrongly_remembered_form_flips_back_and_a_real_conflict_is
     log_s3._UNQUOTED_IF_MATCH["http://rgw:7480"] = True
     store = _store(server)
     v1 = store.put_if_version("r", b"a", None)
-    assert store.put_if_version("r", b"b", v1) is not None  # 412, HEAD (unchanged), quoted: done
+    assert store.put_if_version("r", b"b", v1) is not None  # 412, GET (unchanged), quoted: done
     assert log_s3._UNQUOTED_IF_MATCH["http://rgw:7480"] is False
     server.calls.clear()
     assert store.put_if_version("r", b"c", v1) is None  # v1 is stale: refused, no flip
-    assert server.calls == ["PutObject", "HeadObject"]
+    assert server.calls == ["PutObject", "GetObject"]
     assert log_s3._UNQUOTED_IF_MATCH["http://rgw:7480"] is False
 
 

@@ -24,7 +24,8 @@ The store keeps the invariants of every object-store log (:class:`~twophase.log_
 
 - ``put``: one Put Blob (a block blob under 64 MiB is written by one request, replaced atomically).
 - ``put_if_absent``: one Put Blob with ``If-None-Match: *``; the loser gets 409 BlobAlreadyExists.
-- ``put_if_version``: one Put Blob with ``If-Match: <ETag read>``; a changed or deleted blob gets 412.
+- ``put_if_version``: one Put Blob with ``If-Match: <ETag read>``; a changed or deleted blob gets 412. A
+  409/412 over this write's own bytes (a re-send of an applied request whose answer was lost) is success.
 - ``lock``: the shared flock keyed by the location.
 - ``list_versioned``: List Blobs with each blob's ETag, quoted as the Put and Get responses quote it (the
   listing's XML gives it bare), so listed and read versions compare equal.
@@ -300,7 +301,9 @@ class AzureLogStore(ObjectLogStore):
             raise self._fail("read", name, e) from e
 
     def put_if_version(self, name: str, data: bytes, version: Optional[str]) -> Optional[str]:
-        """One Put Blob, ``If-None-Match: *`` for a new record, else ``If-Match: version``."""
+        """One Put Blob, ``If-None-Match: *`` for a new record, else ``If-Match: version``. A 409/412 over a blob
+        holding exactly ``data`` is this call's own write (the SDK re-sent a Put Blob whose answer was lost):
+        written, at the version read."""
         from azure.core import MatchConditions
         blob = self.client.get_blob_client(self._key(name))
         try:
@@ -311,8 +314,14 @@ class AzureLogStore(ObjectLogStore):
             return quoted_etag(got["etag"])
         except Exception as e:
             status = http_status(e)
-            if status in (409, 412) or (version is not None and status == 404):
-                return None  # another writer created or changed it (409 BlobAlreadyExists, 412 ConditionNotMet)
+            if status in (409, 412):  # 409 BlobAlreadyExists, 412 ConditionNotMet: whose bytes are there?
+                own, _ = self._own_write(name, data)
+                if own is not None:  # the SDK re-sent our applied Put Blob whose answer was lost
+                    _log.info("log_write_answer_lost", location=self.location, name=name,
+                              consequence="the record holds this write's bytes: written")
+                return own  # else another writer created or changed it: None
+            if version is not None and status == 404:
+                return None  # deleted by another writer
             raise self._fail("write", name, e) from e
 
     def put(self, name: str, data: bytes) -> None:

@@ -13,7 +13,8 @@ The store keeps the invariants of every object-store log (:class:`~twophase.log_
 - ``put_if_absent``: one PutObject with ``If-None-Match: *``; the loser gets 412 PreconditionFailed.
 - ``put_if_version``: one PutObject with ``If-Match: <ETag read>`` (``If-None-Match: *`` for a new
   record); the ETag's form (quoted for AWS, bare for radosgw 16) is learned once per endpoint
-  (``tests/test_s3_requests.py``).
+  (``tests/test_s3_requests.py``). A 412 over this write's own bytes (a re-send of an applied request
+  whose answer was lost) is success.
 - ``lock``: the shared flock keyed by the location.
 - ``list_versioned``: ListObjectsV2 with each object's ETag (S3 lists are strongly consistent).
 """
@@ -204,9 +205,11 @@ class S3LogStore(ObjectLogStore):
             raise self._fail("read", name, e) from e
 
     def put_if_version(self, name: str, data: bytes, version: Optional[str]) -> Optional[str]:  # invariants 2, 3
-        """If-Match takes the quoted ETag (RFC 7232, AWS); radosgw 16 compares it unquoted. A 412 whose
-        object still has ``version`` (a HEAD) switches to the other form and asks once more; the form that
-        worked is kept for the endpoint in this process (:data:`_UNQUOTED_IF_MATCH`)."""
+        """If-Match takes the quoted ETag (RFC 7232, AWS); radosgw 16 compares it unquoted. On a 412 the object
+        is read (one GET): holding exactly ``data`` it is this call's own write (botocore re-sent a request
+        whose answer was lost, and the copy was refused: written, at the version read); still at
+        ``version``, the other If-Match form is tried once; the form that worked is kept for the endpoint
+        in this process (:data:`_UNQUOTED_IF_MATCH`). Anything else is another writer's: None."""
         flipped = False
         for _ in range(5):
             condition = ({"IfNoneMatch": "*"} if version is None
@@ -219,7 +222,12 @@ class S3LogStore(ObjectLogStore):
             except Exception as e:
                 code = error_code(e)
                 if code in ("PreconditionFailed", "412"):
-                    if version is not None and not flipped and self._etag(name) == version:
+                    own, there = self._own_write(name, data)  # a GET: a record is small
+                    if own is not None:  # botocore re-sent our applied write whose answer was lost
+                        _log.info("log_write_answer_lost", location=self.location, name=name,
+                                  consequence="the record holds this write's bytes: written")
+                        return own
+                    if version is not None and not flipped and there == version:
                         self._unquoted_if_match = not self._unquoted_if_match  # the other form: ask again
                         flipped = True
                         continue
@@ -230,14 +238,6 @@ class S3LogStore(ObjectLogStore):
                     continue
                 raise self._fail("write", name, e) from e
         raise TransientSinkError(f"S3 transaction log {self.location}: {name!r} stays contended; retry")
-
-    def _etag(self, name: str) -> Optional[str]:
-        try:
-            return self.client.head_object(Bucket=self.bucket, Key=self._key(name))["ETag"]
-        except Exception as e:
-            if error_code(e) in ("NoSuchKey", "404", "NotFound"):
-                return None
-            raise self._fail("read", name, e) from e
 
     def put(self, name: str, data: bytes) -> None:  # invariant 1
         try:

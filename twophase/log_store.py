@@ -137,7 +137,11 @@ class ObjectLogStore(LogStore):
     3. ``put_if_version`` is one conditional write (``If-Match: <version read>``; ``If-None-Match: *`` for
        a new record): of two drivers that read the same record, the second write is refused and nothing
        is replaced (log invariant 7). A server that ignored the condition would make this unsafe, so the
-       tests race real servers.
+       tests race real servers. A refusal whose object holds exactly the bytes this call wrote is this
+       call's own write (:meth:`_own_write`): the client re-sent a request the server had applied but whose
+       answer was lost, and the copy was refused. Records carry the writer's timestamps (and owner.json
+       its host), so another writer's bytes never equal them; and where they did, the object would hold
+       exactly what this writer wanted.
     4. ``lock`` serialises mutations of processes on this machine (an flock keyed by the location), which
        is what Spark's planner and commit workers need; writers on other machines are kept apart by the
        log's ownership record (put-if-absent), not by this lock.
@@ -181,6 +185,13 @@ class ObjectLogStore(LogStore):
 
     def get(self, name: str) -> Optional[bytes]:
         return self.get_versioned(name)[0]
+
+    def _own_write(self, name: str, data: bytes) -> tuple[Optional[str], Optional[str]]:
+        """After a conditional write was refused: ``(version, None)`` if ``name`` holds exactly ``data`` (the
+        refused request was a re-send of this call's own write, applied before, whose answer was lost: it is
+        done, at that version), else ``(None, the version there)`` (another writer's; None if absent)."""
+        current, version = self.get_versioned(name)
+        return (version, None) if current == data and version is not None else (None, version)
 
     def put_if_absent(self, name: str, data: bytes) -> bool:  # invariant 2
         return self.put_if_version(name, data, None) is not None
