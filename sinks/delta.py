@@ -419,7 +419,9 @@ class _S3Files:
 
 
 def _partition_values(part_rel: str, schema: Optional[pa.Schema]) -> dict[str, Optional[str]]:
-    """``a=1/b=x%3Ay`` -> {'a': '1', 'b': 'x:y'}; the Hive null directory is None."""
+    """``a=1/b=x%3Ay`` -> {'a': '1', 'b': 'x:y'}; the Hive null directory is None. Timestamp columns of
+    ``schema`` get Delta's forms (:func:`delta_timestamp_partition_value`): a UTC-adjusted column the
+    ISO-8601 instant in UTC (``2024-01-01T10:00:00.000000Z``), a timestamp_ntz the wall-clock text."""
     out: dict[str, Optional[str]] = {}
     if not part_rel:
         return out
@@ -428,9 +430,36 @@ def _partition_values(part_rel: str, schema: Optional[pa.Schema]) -> dict[str, O
         name = urllib.parse.unquote(k)
         value: Optional[str] = None if v == "__HIVE_DEFAULT_PARTITION__" else urllib.parse.unquote(v)
         if value is not None and schema is not None and name in schema.names and pa.types.is_timestamp(schema.field(name).type):
-            value = value.replace("T", " ")
+            value = delta_timestamp_partition_value(value, utc=schema.field(name).type.tz is not None, column=name)
         out[name] = value
     return out
+
+
+def delta_timestamp_partition_value(text: str, *, utc: bool, column: str = "") -> str:
+    """A timestamp partition folder's text as the Delta partition value.
+
+    ``text`` is what the writer put in the folder name: Spark's ``yyyy-MM-dd HH:mm:ss[.f]`` (the native path
+    makes Spark write it in UTC) or Python's isoformat (``2024-01-01T05:00:00-05:00``, the Python path). A
+    UTC-adjusted column (Delta ``timestamp``) gets the instant in UTC as Delta's own writer stores it,
+    ``2024-01-01T10:00:00.000000Z`` (a text without an offset is taken as UTC); a ``timestamp_ntz`` column
+    gets ``2024-01-01 05:00:00.000000`` (no zone: none applies). Readers take an offset-less ``timestamp``
+    value as UTC, so writing the session's local text would shift every row of the partition."""
+    try:
+        v = _dt.datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise TwoPhaseError(f"twophase-delta: the partition folder value {text!r} of timestamp column {column!r} "
+                            "is not a timestamp Delta can store (years 1-9999)") from None
+    if utc:
+        if v.tzinfo is not None:
+            v = v.astimezone(_dt.timezone.utc).replace(tzinfo=None)
+        return _iso_micros(v, "T") + "Z"
+    return _iso_micros(v.replace(tzinfo=None), " ")
+
+
+def _iso_micros(v: _dt.datetime, sep: str) -> str:
+    """``v`` (naive) as ``YYYY-MM-DD<sep>HH:MM:SS.ffffff`` with a 4-digit year (strftime's %Y is not padded)."""
+    return (f"{v.year:04d}-{v.month:02d}-{v.day:02d}{sep}{v.hour:02d}:{v.minute:02d}:{v.second:02d}"
+            f".{v.microsecond:06d}")
 
 
 #: Delta's default prefix length of string statistics (``delta.dataSkippingStringPrefixLength``)
@@ -472,7 +501,7 @@ def _timestamp_json(us: int, *, upper: bool, utc: bool) -> Optional[str]:
         v = _EPOCH + _dt.timedelta(milliseconds=ms)
     except OverflowError:
         return None
-    return v.strftime("%Y-%m-%dT%H:%M:%S.") + f"{v.microsecond // 1000:03d}" + ("Z" if utc else "")
+    return _iso_micros(v, "T")[:-3] + ("Z" if utc else "")  # 4-digit years, as Delta writes them
 
 
 class _Stats:
@@ -648,6 +677,53 @@ class DeltaSink(SinkSpec[DeltaCommittable]):
             return None
         return dl.DeltaTable(self.uri, storage_options=so)
 
+    def sync_commit(self, checkpoint_id: Optional[int]) -> None:
+        """Make the table's Delta commit of ``checkpoint_id`` durable (local tables; a store's PUT is durable).
+
+        delta-rs writes ``_delta_log/<version>.json`` as a temp file hard-linked into place, with no fsync:
+        after a power loss the version could be gone while twophase's log says COMMITTED, and the batch
+        would be lost. This fsyncs the commit files from the newest version back to the one whose app
+        transaction for this sink is ``checkpoint_id`` (or older: the table has it through a later one),
+        then the ``_delta_log`` directory (the new names). ``None``: only the newest version (a table
+        creation or schema change). Data files were fsynced when written (the commit only names them)."""
+        if self.options.on_s3 or self.options.azure is not None:
+            return
+        log_dir = os.path.join(self.uri, "_delta_log")
+        try:
+            names = os.listdir(log_dir)
+        except FileNotFoundError:
+            return
+        versions = sorted((int(n[:-5]) for n in names if n.endswith(".json") and n[:-5].isdigit()), reverse=True)
+        for v in versions:
+            path = os.path.join(log_dir, f"{v:020d}.json")
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:  # pragma: no cover - log cleanup removed an expired version
+                continue
+            try:
+                os.fsync(fd)
+                with os.fdopen(os.dup(fd), "rb") as f:
+                    body = f.read() if checkpoint_id is not None else b""
+            finally:
+                os.close(fd)
+            if checkpoint_id is None or self._has_txn(body, checkpoint_id):
+                break
+        fsync_dir(log_dir)
+
+    def _has_txn(self, commit: bytes, checkpoint_id: int) -> bool:
+        """Whether the Delta commit ``commit`` (JSON lines) sets this sink's app transaction to ``<= checkpoint_id``
+        (the scan back from the newest version stops there: that version or a later one holds the checkpoint)."""
+        if b'"txn"' not in commit:
+            return False
+        for line in commit.splitlines():
+            if b'"txn"' not in line:
+                continue
+            with contextlib.suppress(ValueError):
+                txn = json.loads(line).get("txn") or {}
+                if txn.get("appId") == self.sink_id and int(txn.get("version", -1)) <= checkpoint_id:
+                    return True
+        return False
+
     def transaction_version(self) -> Optional[int]:
         """The table's app transaction version for this sink id (the last checkpoint committed to it)."""
         dt = self._table()
@@ -681,6 +757,7 @@ class DeltaSink(SinkSpec[DeltaCommittable]):
                                  storage_options=self.options.storage_options(),
                                  commit_properties=dl.CommitProperties(custom_metadata={"twophase.sink_id": self.sink_id}))
             _log.info("delta_table_created", sink_id=self.sink_id, uri=self.uri, partition_by=list(self.partition_by))
+            self.sync_commit(None)
             dt = self._table()
         table_parts = tuple(dt.metadata().partition_columns)
         if self.options.partition_by and tuple(self.options.partition_by) != table_parts:
@@ -714,6 +791,7 @@ class DeltaSink(SinkSpec[DeltaCommittable]):
                                      "or select the table's columns")
         if new_fields:
             dt.alter.add_columns(new_fields)
+            self.sync_commit(None)
             _log.info("delta_schema_merged", sink_id=self.sink_id, uri=self.uri, added=added)
             dt = self._table()
         self.checks = table_checks(dt, schema)  # refuses what cannot be written correctly, before any write
@@ -815,6 +893,7 @@ class DeltaCommitter(SinkCommitter[DeltaCommittable]):
         done = dt.transaction_version(self.sink_id)
         if done is not None and done >= checkpoint_id:
             _log.info("delta_already_committed", sink_id=self.sink_id, checkpoint_id=checkpoint_id, table_txn=done)
+            self.sink.sync_commit(checkpoint_id)  # a crashed predecessor may have committed it without fsync
             return [CommitResult(h, CommitStatus.ALREADY_COMMITTED) for h in handles]
         if not files:  # nothing to add: an empty batch makes no Delta version
             return [CommitResult(h, CommitStatus.COMMITTED) for h in handles]
@@ -831,6 +910,7 @@ class DeltaCommitter(SinkCommitter[DeltaCommittable]):
             app_transactions=[Transaction(self.sink_id, checkpoint_id, int(time.time() * 1000))])
         dt.create_write_transaction(actions, "append", dt.schema(), partition_by=list(dt.metadata().partition_columns),
                                     commit_properties=props)
+        self.sink.sync_commit(checkpoint_id)  # durable before the coordinator records COMMITTED
         _log.info("delta_committed", sink_id=self.sink_id, checkpoint_id=checkpoint_id, files=len(files),
                   records=sum(int(f.get("records", 0)) for f in files), recovering=recovering)
         faults.maybe_crash("mid_commit", checkpoint_id)

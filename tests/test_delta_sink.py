@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import urllib.parse
 
 import pyarrow as pa
@@ -413,3 +414,89 @@ def test_delta_sink_inv6_a_constraint_added_while_a_checkpoint_is_in_flight_is_c
     DeltaTable(path2).alter.add_constraint({"pos": "id > 0", "p_known": "p IS NOT NULL"})
     assert CheckpointCoordinator(sink2).complete_batch(0, good, ["0"]) == "COMMITTED"
     assert _rows_of(sink2) == [{"id": 1, "p": "a"}, {"id": 3, "p": "b"}]
+
+
+# ---- review items 14, 15, 18: partition values in UTC, durable Delta commits, 4-digit years
+
+
+def test_delta_partition_values_inv_timestamps_stored_as_utc_instants() -> None:
+    """A UTC-adjusted timestamp partition value is the ISO-8601 instant in UTC, as Delta's own writer stores it
+    (readers take a value without an offset as UTC); a timestamp_ntz keeps its wall-clock text. Before the
+    fix the folder text was copied: ``2024-01-01 05:00:00-05:00`` (Python path), or Spark's session-local
+    ``2024-01-01 05:00:00`` with no offset (native path), read back five hours off."""
+    schema = pa.schema([("ts", pa.timestamp("us", tz="UTC")), ("ntz", pa.timestamp("us")), ("v", pa.int64())])
+    assert _partition_values("ts=2024-01-01T05%3A00%3A00-05%3A00/ntz=2024-01-01 05%3A00%3A00", schema) == {
+        "ts": "2024-01-01T10:00:00.000000Z", "ntz": "2024-01-01 05:00:00.000000"}
+    assert _partition_values("ts=2024-01-01 10%3A00%3A00.123", schema) == {"ts": "2024-01-01T10:00:00.123000Z"}
+    assert _partition_values("ts=0999-01-01 00%3A00%3A00/ntz=__HIVE_DEFAULT_PARTITION__", schema) == {
+        "ts": "0999-01-01T00:00:00.000000Z", "ntz": None}
+
+
+def test_delta_sink_partition_values_timestamps_read_back_as_the_instants_written(tmp_path) -> None:
+    """twophase-delta partitioned by a timestamp column: deltalake and pyarrow read back the exact instants of
+    the rows, microseconds and years before 1000 included."""
+    import datetime as dt
+    ny = pa.timestamp("us", tz="UTC")
+    schema = pa.schema([("id", pa.int64()), ("ts", ny)])
+    utc = dt.timezone.utc
+    instants = [dt.datetime(2024, 1, 1, 10, tzinfo=utc), dt.datetime(2024, 7, 1, 3, 30, 0, 250, tzinfo=utc),
+                dt.datetime(999, 12, 31, 23, tzinfo=utc)]
+    s = DeltaSink.from_options({"path": str(tmp_path / "t"), "partitionBy": "ts"}, schema)
+    s.validate_destination()
+    s.transaction_log().claim("test")
+    b = pa.record_batch({"id": pa.array([0, 1, 2], pa.int64()), "ts": pa.array(instants, pa.timestamp("us", tz="UTC")).cast(ny)},
+                        schema=schema)
+    CheckpointCoordinator(s).complete_batch(0, [run_task(s, TransactionContext(s.sink_id, 0, "0"), [b])])
+    dt_ = DeltaTable(s.uri)
+    values = sorted(pa.table(dt_.get_add_actions(flatten=True)).column("partition.ts").to_pylist(), key=str)
+    got = {r["id"]: r["ts"] for r in dt_.to_pyarrow_table().to_pylist()}
+    assert {i: got[i].astimezone(utc) for i in got} == dict(enumerate(instants)), (got, values)
+    via_arrow = {r["id"]: r["ts"] for r in dt_.to_pyarrow_dataset().to_table().to_pylist()}
+    assert {i: via_arrow[i].astimezone(utc) for i in via_arrow} == dict(enumerate(instants)), (via_arrow, values)
+
+
+def _record_fsyncs(monkeypatch) -> list[str]:
+    """Patch os.fsync to record the path of every descriptor it syncs (then sync it)."""
+    seen: list[str] = []
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        seen.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+    monkeypatch.setattr(os, "fsync", fsync)
+    return seen
+
+
+def test_delta_sink_inv1_delta_commit_fsynced_before_committed_is_reported(sink, monkeypatch) -> None:
+    """The Delta commit file of the checkpoint and the _delta_log directory are fsynced before commit_checkpoint
+    returns COMMITTED, and again before ALREADY_COMMITTED (a crashed predecessor may have left the commit
+    unsynced): delta-rs does not fsync, and the coordinator records COMMITTED in its fsynced log right after,
+    so a power loss could keep the record and lose the Delta version. Fails on 8fc79bb (no fsync)."""
+    acks = run_checkpoint(sink, 0)
+    c = sink.create_committer()
+    handles = [c.decode(a.handle) for a in acks]
+    seen = _record_fsyncs(monkeypatch)
+    assert {r.status for r in c.commit_checkpoint(0, handles)} == {CommitStatus.COMMITTED}
+    version = DeltaTable(sink.uri).version()
+    log_dir = os.path.join(sink.uri, "_delta_log")
+    commit_file = os.path.join(log_dir, f"{version:020d}.json")
+    assert commit_file in seen and log_dir in seen, seen
+    assert seen.index(log_dir) > seen.index(commit_file)
+    seen.clear()
+    assert {r.status for r in c.commit_checkpoint(0, handles, recovering=True)} == {CommitStatus.ALREADY_COMMITTED}
+    assert commit_file in seen and log_dir in seen, seen
+
+
+def test_delta_stats_inv_timestamps_before_year_1000_have_four_digit_years() -> None:
+    """Timestamp statistics are ISO with 4-digit years, as Delta writes them (strftime's %Y wrote ``999-...``,
+    which readers cannot parse)."""
+    import datetime as dt
+    import json
+    from twophase.sinks.delta import _timestamp_json
+    schema = pa.schema([("ts", pa.timestamp("us", tz="UTC")), ("ntz", pa.timestamp("us"))])
+    st = _Stats(schema)
+    st.update(pa.record_batch({"ts": [dt.datetime(999, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc)],
+                               "ntz": [dt.datetime(12, 1, 1)]}, schema=schema))
+    stats = json.loads(st.to_json())
+    assert stats["minValues"] == {"ts": "0999-01-02T03:04:05.000Z", "ntz": "0012-01-01T00:00:00.000"}
+    assert _timestamp_json(0, upper=True, utc=True) == "1970-01-01T00:00:00.000Z"
