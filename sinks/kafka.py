@@ -46,7 +46,10 @@ never parse as ids of ``p-x``); ``generation`` is the checkpoint id mod 2; ``slo
 task attempt) and takes the first whose id has no open transaction (DescribeTransactions: unknown,
 CompleteCommit, CompleteAbort, Dead; then Empty), never one that is Ongoing / Prepare*. If every slot
 is open the task fails (retried by Spark) naming ``transactionalIdAttempts``. The id space is bounded
-(tasks x 2 x slots) and stable across restarts, so recovery finds every lingering id.
+(tasks x 2 x slots) and stable across restarts, so recovery finds every lingering id. A batch write
+(:meth:`KafkaSink.write_job_spec`) has a prefix of its own, ``<prefix>.w<token>`` (the token of its key and
+log location), and puts its run in place of the generation: its sweeps fence runs ``<= n`` only, never a
+later run of the same write in flight (one id space per run; the write's runs are few).
 
 Invariants (``test_kafka_sink_invN_*``):
 
@@ -140,7 +143,7 @@ from twophase.log_s3 import S3_CLIENT_OPTIONS, S3Config, is_s3_url, open_log_sto
 from twophase.options import Option, parse_choice, parse_duration_ms, parse_positive_int, parse_options
 from twophase.sinks._kafka_timeout import check_timeout_against_trigger, choose_default_timeout
 from twophase.sink import (Committable, CommitResult, CommitStatus, Guarantee, SinkCommitter, SinkSpec, SinkWriter,
-                           TransactionContext, sink_token)
+                           TransactionContext, sink_token, write_identity, write_sink_id)
 
 _log = get_logger(__name__)
 
@@ -419,15 +422,20 @@ class KafkaSink(SinkSpec[KafkaCommittable]):
     def write_job_spec(self, key: str) -> "KafkaSink":
         """One batch write (:mod:`twophase.write_job`): its own sink id, its log under this sink's log
         (``log.location`` or ``checkpointLocation`` is required: Kafka has no place of its own for it) and its
-        own transactional prefix ``<prefix>.w<token of key>``, so its sweeps fence only its own ids."""
+        own transactional prefix ``<prefix>.w<token of the write's identity>``, the identity being the key and
+        the log location (:func:`~twophase.sink.write_identity`: two pipelines on one topic with their own
+        ``log.location`` and the same writeId never share transactional ids), so its sweeps fence only its own
+        ids. Its transactional ids carry the run, not the generation (:meth:`transactional_id`)."""
         if not (self.options.log_location or self.options.owner):
             raise ConfigurationError(f"{SINK}: a batch write needs a place for its transaction log: add "
                                      ".option('log.location', '/path/or/s3://bucket/prefix') (kept across runs, so that "
                                      "a re-run with the same writeId writes nothing)")
+        base_log = self.log_location().rstrip("/")
         return type(self)(dataclasses.replace(
-            self.options, sink_id=f"{self.sink_id}#write:{key}",
-            log_location=_join(self.log_location().rstrip("/"), f"write-jobs/{key}"),
-            transactional_id_prefix=f"{self.prefix}.w{sink_token(key)}", owner=None, write_job=True))
+            self.options, sink_id=write_sink_id(self.sink_id, base_log, key),
+            log_location=_join(base_log, f"write-jobs/{key}"),
+            transactional_id_prefix=f"{self.prefix}.w{sink_token(write_identity(base_log, key))}", owner=None,
+            write_job=True))
 
     def __init__(self, options: KafkaSinkOptions) -> None:
         self.options = options
@@ -457,13 +465,23 @@ class KafkaSink(SinkSpec[KafkaCommittable]):
         """The task part of a transactional id: never contains ``-`` (``out-0`` -> ``out.0``)."""
         return re.sub(r"[^A-Za-z0-9._]", "_", str(task_id).replace("-", "."))
 
+    def generation(self, checkpoint_id: int) -> int:
+        """The id part of checkpoint ``checkpoint_id``: its generation (``checkpoint_id mod 2``), or for a batch
+        write the run itself. A batch write's runs are not retried in order like micro-batches: a run taken over
+        by a newer one may still be alive, and its abort sweeps ids ``<= its run``; with generations that sweep
+        fenced run ``n + 2`` (same generation) in flight, whose commit then raised DataLossError."""
+        return checkpoint_id if self.options.write_job else checkpoint_id % 2
+
     def transactional_id(self, task_id: int | str, checkpoint_id: int, slot: int) -> str:
-        """``<prefix>-<task>-<checkpoint mod 2>-<slot mod slots>`` (see the module docstring)."""
-        return f"{self.prefix}-{self.task_name(task_id)}-{checkpoint_id % 2}-{slot % self.options.attempt_slots}"
+        """``<prefix>-<task>-<generation>-<slot mod slots>`` (see the module docstring and :meth:`generation`)."""
+        return (f"{self.prefix}-{self.task_name(task_id)}-{self.generation(checkpoint_id)}-"
+                f"{slot % self.options.attempt_slots}")
 
     def _parse_id(self, transactional_id: str) -> Optional[tuple[str, int, int]]:
-        """``(task, generation, slot)`` of one of this prefix's ids, else None."""
-        m = re.fullmatch(re.escape(self.prefix) + r"-([A-Za-z0-9._]+)-([01])-(\d+)", transactional_id)
+        """``(task, generation, slot)`` of one of this prefix's ids (a batch write's: ``(task, run, slot)``),
+        else None."""
+        gen = r"(\d+)" if self.options.write_job else r"([01])"
+        m = re.fullmatch(re.escape(self.prefix) + r"-([A-Za-z0-9._]+)-" + gen + r"-(\d+)", transactional_id)
         return None if m is None else (m.group(1), int(m.group(2)), int(m.group(3)))
 
     def _candidate_ids(self, context: TransactionContext) -> list[str]:
@@ -1287,11 +1305,13 @@ class KafkaCommitter(SinkCommitter[KafkaCommittable]):
 
         Clamping to the highest COMMITTED checkpoint (the coordinator passes it) keeps a re-run of an
         ABORTED checkpoint id (which Spark does after a failed batch) from being fenced by the recovery
-        that precedes its commit. Nothing committed yet: nothing is fenced.
+        that precedes its commit. Nothing committed yet: nothing is fenced. A batch write's ids carry the run:
+        its sweep fences runs ``<= up_to`` (a later run of the write may be in flight), unclamped.
         """
         if self.sink.guarantee is Guarantee.AT_LEAST_ONCE:
             return 0
-        if self.options.write_job:  # a batch write's ids are runs, never re-attempted: no clamp needed
+        write_job = self.options.write_job
+        if write_job:  # a batch write's ids are runs, never re-attempted: no clamp needed
             n = up_to_checkpoint
         elif highest_committed is None:
             return 0
@@ -1304,11 +1324,12 @@ class KafkaCommitter(SinkCommitter[KafkaCommittable]):
         if listed is not None:
             ids = sorted({tid for tid, _pid, _state in listed})
         else:
-            ids = self._known_id_space()
+            ids = self._known_id_space(n)
         fenced = 0
         for tid in ids:
             parsed = self.sink._parse_id(tid)
-            if parsed is None or parsed[1] != generation or tid in kept:
+            # a batch write's ids carry the run: only runs <= n (a later run may be in flight: write_job invariant 3)
+            if parsed is None or (parsed[1] > n if write_job else parsed[1] != generation) or tid in kept:
                 continue
             client.fence(tid, self.sink.effective_timeout_ms())
             fenced += 1
@@ -1317,15 +1338,17 @@ class KafkaCommitter(SinkCommitter[KafkaCommittable]):
                       listed=listed is not None)
         return fenced
 
-    def _known_id_space(self) -> list[str]:
+    def _known_id_space(self, up_to: Optional[int] = None) -> list[str]:
         """Every id the sink may have used: tasks seen in the log x 2 generations x slots (Spark
-        partitions 0..max seen; runtime handles ``{"task", "txns": [...]}`` name their tasks).
+        partitions 0..max seen; runtime handles ``{"task", "txns": [...]}`` name their tasks); for a batch
+        write, x its runs ``0..up_to`` (else up to the highest run in its log) instead of generations.
 
         The one place the committer reads the transaction log, and only where the broker cannot list
         transactions (Kafka < 3.0): the log's handles are the only record of which task ids wrote
         under the prefix. It reads task ids only, never a record's state."""
-        partitions, tasks = 0, set()
+        partitions, tasks, runs = 0, set(), -1
         for rec in self.sink.transaction_log().records():
+            runs = max(runs, rec.checkpoint_id)
             for h in rec.handles.values():
                 for inner in [h, *(h.get("txns") or ())]:
                     task = str(inner.get("task_id", ""))
@@ -1334,7 +1357,8 @@ class KafkaCommitter(SinkCommitter[KafkaCommittable]):
                     elif task:
                         tasks.add(task)
         tasks |= {str(p) for p in range(partitions)}
-        return [self.sink.transactional_id(t, g, a) for t in sorted(tasks) for g in (0, 1)
+        checkpoints = range((runs if up_to is None else up_to) + 1) if self.options.write_job else (0, 1)
+        return [self.sink.transactional_id(t, g, a) for t in sorted(tasks) for g in checkpoints
                 for a in range(self.options.attempt_slots)]
 
 

@@ -55,6 +55,7 @@ import abc
 import dataclasses
 import enum
 import hashlib
+import os
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -75,6 +76,40 @@ def sink_token(sink_id: str) -> str:
     """A short, stable digest of ``sink_id`` (12 hex digits) that every name a sink creates carries
     (invariant 5: a sink sweeps only names with its own token)."""
     return hashlib.sha256(sink_id.encode()).hexdigest()[:12]
+
+
+def normalized_log_location(location: str) -> str:
+    """``location`` as one string per place: a local path absolute and normalised (``file://`` dropped),
+    ``s3a://`` as ``s3://``, no trailing ``/``. The log stores' own ``location`` is already in this form; this
+    also takes the string a user gave (``log.location``)."""
+    loc = location.strip()
+    if loc.startswith("file://"):
+        loc = loc[len("file://"):]
+    if "://" not in loc:
+        return os.path.normpath(os.path.abspath(os.path.expanduser(loc)))
+    scheme, rest = loc.split("://", 1)
+    scheme = scheme.lower()
+    return f"{'s3' if scheme == 's3a' else scheme}://{rest.rstrip('/')}"
+
+
+def write_identity(base_log_location: str, key: str) -> str:
+    """The identity of batch write ``key`` of the sink whose transaction log is at ``base_log_location``:
+    ``<key>@<12 hex digits of the normalised log location>``.
+
+    The log location is in it because the log is what makes a writeId idempotent: two pipelines writing to one
+    destination (topic, path, table) with their own ``log.location`` and the same writeId (a run date) are two
+    writes, and must never share a token (one's sweep would delete the other's staged files; on Delta the
+    second would be taken for "already committed") or Kafka transactional ids (one would fence the other). A
+    re-run of the same write (same log location, same key) has the same identity. Short and within
+    ``[A-Za-z0-9._@-]`` (a key is at most 64 such characters), so every sink's limits hold."""
+    digest = hashlib.sha256(normalized_log_location(base_log_location).encode()).hexdigest()[:12]
+    return f"{key}@{digest}"
+
+
+def write_sink_id(sink_id: str, base_log_location: str, key: str) -> str:
+    """The sink id of batch write ``key`` of sink ``sink_id`` whose log is at ``base_log_location``:
+    ``<sink id>#write:<key>@<log digest>`` (:func:`write_identity`)."""
+    return f"{sink_id}#write:{write_identity(base_log_location, key)}"
 
 
 class Guarantee(str, enum.Enum):
@@ -288,10 +323,11 @@ class SinkSpec(abc.ABC, Generic[C]):
 
     def write_job_spec(self, key: str) -> "SinkSpec[C]":
         """The spec of one batch write of this sink (:mod:`twophase.write_job`): its own sink id
-        ``<sink id>#write:<key>``, so every name it creates carries its own token and no sweep of it (or of
-        the streaming query on the same destination, or of another batch write) reaches another's data,
-        and its own log at ``<this sink's log>/write-jobs/<key>``. Refused where :attr:`supports_write_jobs`
-        is False."""
+        ``<sink id>#write:<key>@<digest of this sink's log location>`` (:func:`write_identity`), so every name it
+        creates carries its own token and no sweep of it (or of the streaming query on the same destination, or
+        of another batch write, or of another pipeline's write with the same writeId and its own
+        ``log.location``) reaches another's data, and its own log at ``<this sink's log>/write-jobs/<key>``.
+        Refused where :attr:`supports_write_jobs` is False."""
         if not self.supports_write_jobs:
             raise ConfigurationError(
                 f"{type(self).__name__} does not take batch writes (df.write / INSERT INTO); write with a streaming "
@@ -299,8 +335,8 @@ class SinkSpec(abc.ABC, Generic[C]):
                 "backfill, its checkpoint making a re-run idempotent")
         options = getattr(self, "options")
         base_log = self.transaction_log().location.rstrip("/")
-        return type(self)(dataclasses.replace(options, sink_id=f"{self.sink_id}#write:{key}",  # type: ignore[call-arg]
-                                              log_location=f"{base_log}/write-jobs/{key}"))
+        return type(self)(dataclasses.replace(  # type: ignore[call-arg]
+            options, sink_id=write_sink_id(self.sink_id, base_log, key), log_location=f"{base_log}/write-jobs/{key}"))
 
     def validate_destination(self) -> None:
         """Fail early, on the driver before any data moves, if the destination cannot work (unreachable,
