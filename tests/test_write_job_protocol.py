@@ -82,3 +82,209 @@ def test_write_job_inv5_a_decided_run_that_cannot_commit_now_stays_known_and_is_
     plan_write_job(sink, write_id="next", abandon_after_ms=0)  # the next write to the destination
     assert visible_ids(sink.root) == list(range(100))
     assert job.spec.transaction_log().get(0).state is CheckpointState.COMMITTED
+
+
+def _in_other_driver(fn, wait_s: float = 1.0) -> threading.Thread:
+    """Run ``fn`` in another thread (another driver on this host) and wait for it up to ``wait_s``: it
+    finishes now unless it waits for a lock this driver holds (then it finishes once that is released)."""
+    errors: list[BaseException] = []
+
+    def target():
+        try:
+            fn()
+        except BaseException as e:  # noqa: BLE001 - reported to the test
+            errors.append(e)
+
+    t = threading.Thread(target=target)
+    t.errors = errors  # type: ignore[attr-defined]
+    t.start()
+    t.join(wait_s)
+    return t
+
+
+@contextlib.contextmanager
+def _no_lock(monkeypatch):
+    """Another host on an object store: the log's lock is a local flock that does not serialise the drivers."""
+    from twophase.log_store import ReentrantFileLock
+
+    @contextlib.contextmanager
+    def hold(self):
+        yield
+
+    with monkeypatch.context() as m:
+        m.setattr(ReentrantFileLock, "hold", hold)
+        yield
+
+
+def test_write_job_inv1_two_jobs_of_one_write_id_at_once_never_both_commit(sink, monkeypatch, caplog):
+    """Invariant 1: the later job plans under the write log's lock: the earlier job's commit waits for the
+    plan or comes before it, never between its read of the log and its take-over."""
+    earlier = plan_write_job(sink, write_id="w")
+    earlier_acks = run_tasks(earlier, PARTS)
+    others: list[threading.Thread] = []
+    real = CheckpointCoordinator.take_over_write_job
+
+    def take_over(self, checkpoint_id, reason):  # the earlier job's driver commits right now
+        others.append(_in_other_driver(lambda: commit_write_job(earlier, earlier_acks)))
+        return real(self, checkpoint_id, reason)
+
+    monkeypatch.setattr(CheckpointCoordinator, "take_over_write_job", take_over)
+    later = plan_write_job(sink, write_id="w")
+    monkeypatch.undo()
+    if not later.skip:
+        commit_write_job(later, run_tasks(later, PARTS))
+    for t in others:
+        t.join(10)
+    assert visible_ids(sink.root) == list(range(100))  # every row once
+
+
+def test_write_job_inv1_a_take_over_that_finds_the_run_committed_plans_nothing(sink, monkeypatch, caplog):
+    """Invariant 1, across hosts (no common lock): the take-over's compare-and-swap loses to the earlier
+    job's commit; it reports COMMITTED and the later job writes nothing (no false take-over warning)."""
+    earlier = plan_write_job(sink, write_id="w")
+    earlier_acks = run_tasks(earlier, PARTS)
+    real = CheckpointCoordinator.take_over_write_job
+
+    def take_over(self, checkpoint_id, reason):
+        commit_write_job(earlier, earlier_acks)  # the other host commits between the later job's read and its CAS
+        return real(self, checkpoint_id, reason)
+
+    with _no_lock(monkeypatch):
+        monkeypatch.setattr(CheckpointCoordinator, "take_over_write_job", take_over)
+        later = plan_write_job(sink, write_id="w")
+        monkeypatch.setattr(CheckpointCoordinator, "take_over_write_job", real)
+        if not later.skip:
+            commit_write_job(later, run_tasks(later, PARTS))
+    assert later.skip
+    assert visible_ids(sink.root) == list(range(100))
+    assert "write_job_taken_over" not in caplog.text
+
+
+def test_write_job_inv6_another_write_leaves_a_decided_run_to_its_live_driver(sink, monkeypatch):
+    """Invariant 6: a COMPLETED run whose driver is committing it is not committed by another write
+    (grace period), and the driver's own commit succeeds."""
+    job = plan_write_job(sink)
+    acks = run_tasks(job, PARTS)
+    real = CheckpointCoordinator._commit_handles
+    seen: list[dict] = []
+
+    def commit(self, checkpoint_id, handles, *, recovering):
+        if not seen:  # another host's write plans while this driver links the files
+            seen.append(wj.recover_writes(sink, abandon_after_s=3600))
+        return real(self, checkpoint_id, handles, recovering=recovering)
+
+    with _no_lock(monkeypatch):
+        monkeypatch.setattr(CheckpointCoordinator, "_commit_handles", commit)
+        commit_write_job(job, acks)
+    assert seen[0]["committed"] == [] and seen[0]["running"] == [job.key]
+    assert visible_ids(sink.root) == list(range(100))
+
+
+def test_write_job_inv6_a_commit_that_loses_the_race_to_another_host_reports_it_committed(sink, monkeypatch):
+    """Invariant 6: two hosts finish one decided run (its grace period over): the one whose compare-and-swap
+    to COMMITTED loses re-reads the record and succeeds; every row is there once."""
+    job = plan_write_job(sink)
+    acks = run_tasks(job, PARTS)
+    real = CheckpointCoordinator._commit_handles
+    seen: list[dict] = []
+    monkeypatch.setattr(wj, "COMPLETED_GRACE_S", 0.0, raising=False)
+
+    def commit(self, checkpoint_id, handles, *, recovering):
+        if not seen:
+            seen.append({})
+            seen[0] = wj.recover_writes(sink, abandon_after_s=0.0)  # the other host finishes it meanwhile
+        return real(self, checkpoint_id, handles, recovering=recovering)
+
+    with _no_lock(monkeypatch):
+        monkeypatch.setattr(CheckpointCoordinator, "_commit_handles", commit)
+        commit_write_job(job, acks)
+    assert seen[0]["committed"] == [job.key]
+    assert visible_ids(sink.root) == list(range(100))
+    assert job.spec.transaction_log().get(0).state is CheckpointState.COMMITTED
+
+
+def test_write_job_inv1_a_rerun_whose_decided_run_another_driver_committed_first_skips(sink, monkeypatch):
+    """Invariant 1: the re-run finds the earlier run COMPLETED, another process commits it first: the re-run
+    writes nothing and succeeds (no ValueError from an empty recovery report)."""
+    job = plan_write_job(sink, write_id="w")
+    acks = run_tasks(job, PARTS)
+    with monkeypatch.context() as m:
+        m.setattr(CheckpointCoordinator, "_commit_handles", lambda *a, **k: (_ for _ in ()).throw(SystemExit("killed")))
+        with pytest.raises(SystemExit):
+            commit_write_job(job, acks)
+    real = CheckpointCoordinator.recover
+
+    def recover(self):
+        if self.log.sink_id == job.spec.sink_id and not getattr(recover, "done", False):
+            recover.done = True
+            real(CheckpointCoordinator(job.spec))  # the other process commits it first
+        return real(self)
+
+    with _no_lock(monkeypatch):
+        monkeypatch.setattr(CheckpointCoordinator, "recover", recover)
+        rerun = plan_write_job(sink, write_id="w")
+    assert rerun.skip and rerun.checkpoint_id == 0
+    assert visible_ids(sink.root) == list(range(100))
+
+
+def test_write_job_inv7_the_registry_keeps_a_run_planned_but_not_recorded_yet(sink, monkeypatch):
+    """Invariant 7: another write's recovery between a run's registry entry and its PENDING record does
+    not forget it (decided on records read under the write's lock; no record yet is running)."""
+    others: list[threading.Thread] = []
+    real = CheckpointCoordinator.trigger
+
+    def trigger(self, checkpoint_id, tasks, properties=None):
+        others.append(_in_other_driver(lambda: wj.recover_writes(sink, abandon_after_s=3600)))
+        return real(self, checkpoint_id, tasks, properties)
+
+    monkeypatch.setattr(CheckpointCoordinator, "trigger", trigger)
+    job = plan_write_job(sink)
+    monkeypatch.undo()
+    for t in others:
+        t.join(10)
+    assert [w["key"] for w in open_writes(sink)] == [job.key]
+
+
+def test_write_job_inv5_writeid_with_at_least_once_is_refused(tmp_path):
+    """A writeId with guarantee at-least-once would be ignored (no log): refused, naming both options."""
+    sink = FileSink.from_options({"path": str(tmp_path / "out"), "guarantee": "at-least-once"})
+    with pytest.raises(wj.ConfigurationError, match="writeId.*guarantee"):
+        plan_write_job(sink, write_id="w")
+
+
+def test_write_job_inv6_a_long_run_with_a_live_heartbeat_is_not_abandoned(sink):
+    """Invariant 6: batch.abandonAfter counts from the run's last heartbeat, not from its planning."""
+    import time
+    job = plan_write_job(sink, write_id="long", abandon_after_ms=400)
+    acks = run_tasks(job, PARTS)
+    time.sleep(1.0)  # longer than abandonAfter: the driver's heartbeat keeps it alive
+    other = plan_write_job(sink, write_id="other", abandon_after_ms=400)
+    commit_write_job(job, acks)
+    commit_write_job(other, run_tasks(other, [(100, 110)]))
+    assert visible_ids(sink.root) == list(range(110))
+
+
+def test_write_job_inv6_a_run_whose_heartbeat_stopped_is_abandoned(sink):
+    """Invariant 6: once its driver is gone (no heartbeat) for batch.abandonAfter, the run is taken over."""
+    import time
+    job = plan_write_job(sink, write_id="dead", abandon_after_ms=300)
+    run_tasks(job, PARTS)
+    wj.stop_heartbeat(job)  # the driver died
+    time.sleep(0.5)
+    report = wj.recover_writes(sink, abandon_after_s=0.3)
+    assert report["abandoned"] == ["dead"] and staged_files(sink.root) == []
+
+
+def test_write_job_inv8_a_straggler_after_the_final_sweep_is_swept_by_the_next_write(sink):
+    """Invariant 8: a finished write stays in the registry for one more sweep: an upload a speculative task
+    opened after the commit's sweep is removed by the next write's recovery, which then forgets the write."""
+    job = plan_write_job(sink, write_id="w")
+    commit_write_job(job, run_tasks(job, PARTS))
+    run_tasks(job, [(0, 50)])  # a speculative attempt of partition 0, after the sweep
+    assert staged_files(sink.root) != []
+    nxt = plan_write_job(sink, write_id="next")
+    assert staged_files(sink.root) == []
+    commit_write_job(nxt, run_tasks(nxt, [(100, 110)]))
+    plan_write_job(sink, write_id="third")
+    assert "w" not in [e["key"] for e in open_writes(sink, swept_once=True)]
+    assert visible_ids(sink.root) == list(range(110))

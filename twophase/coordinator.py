@@ -55,8 +55,8 @@ from twophase.decisions import (AbortHandles, Action, CheckSuperseded, CommitHan
                                 DeclineWriteJob, Event,
                                 Facts, Handles, Outcome, Prune, Refuse, RefuseResolve, Sweep, TakeAcks, WriteAborted,
                                 WriteCommitted, WriteCompleted, WriteLost, WritePending, decide)
-from twophase.errors import (CheckpointDeclinedError, ConfigurationError, DataLossError, QueryMismatchError,
-                             RecordExistsError)
+from twophase.errors import (CheckpointDeclinedError, ConcurrentWriterError, ConfigurationError, DataLossError,
+                             QueryMismatchError, RecordExistsError)
 from twophase.log import CheckpointRecord, TransactionLog
 from twophase.sink import Ack, CommitStatus, SinkCommitter, SinkSpec
 from twophase.states import CheckpointState, check_transition
@@ -453,9 +453,52 @@ class CheckpointCoordinator:
         with self._lock, self.log.locked():
             call = self._read(checkpoint_id, handles=[a.handle for a in present], acks=present,
                               expected_tasks=frozenset(str(t) for t in expected_tasks))
-            outcome = self._run(Event.WRITE_JOB_COMMIT, call.state, Facts(), call)
+            try:
+                outcome = self._run(Event.WRITE_JOB_COMMIT, call.state, Facts(), call)
+            except ConcurrentWriterError:
+                if self._fresh_state(checkpoint_id) is not CheckpointState.COMMITTED:
+                    raise
+                # another driver (another host finishing this decided run; object-store logs lock only
+                # locally) committed the same recorded handles and won the compare-and-swap to COMMITTED:
+                # every handle of the run is committed (write_job invariant 6)
+                _log.info("write_job_committed_by_another_driver", sink_id=self.log.sink_id, checkpoint_id=checkpoint_id)
+                return CommitOutcome.ALREADY_COMMITTED
             assert outcome is not None, "every WRITE_JOB_COMMIT decision ends with an outcome or raises"
             return outcome
+
+    def _fresh_state(self, checkpoint_id: int) -> Optional[CheckpointState]:
+        """The record's state as the store has it now (a new listing and read, even inside a lock span)."""
+        self.log.highest_committed(fresh=True)
+        self.log._cache.pop(checkpoint_id, None)
+        rec = self.log.get(checkpoint_id)
+        return rec.state if rec is not None else None
+
+    def sweep_write_job(self, up_to: int) -> int:
+        """Sweep a finished batch write's lingering transactions ``<= up_to`` once more (stragglers that
+        attempts opened after its last sweep; write_job invariant 8). Best effort: returns how many."""
+        with self._lock, self.log.locked():
+            call = _Call(up_to)
+            self._do(Event.RECOVERY_SWEEP, Sweep(up_to=up_to, best_effort=True), call)
+            return call.swept
+
+    def finish_write_job_runs(self) -> Optional[int]:
+        """Commit the decided (COMPLETED) runs of a batch write (:meth:`recover`); a compare-and-swap lost to
+        another driver that committed them meanwhile is not an error. Returns the highest committed run as
+        the log has it afterwards (None: none)."""
+        with self._lock, self.log.locked():
+            try:
+                self.recover()
+            except ConcurrentWriterError:
+                pass  # re-read below: committed by the other driver, or still COMPLETED (then raise)
+            self.log.highest_committed(fresh=True)
+            self.log._cache.clear()
+            view = self.log.view()
+            left = [r.checkpoint_id for r in view.unfinished if r.state is CheckpointState.COMPLETED]
+            if left:
+                raise ConcurrentWriterError(
+                    f"runs {left} of batch write {self.log.sink_id!r} stay COMPLETED: another driver is writing "
+                    "this log at the same moment; re-run the write with the same option writeId to finish them")
+            return view.highest_committed
 
     def abort_write_job(self, checkpoint_id: int, acks: Sequence[Optional[Ack]], reason: str) -> Optional[CommitOutcome]:
         """Spark's driver abort of a batch write's run: abort every prepared handle, record ABORTED and
@@ -474,13 +517,22 @@ class CheckpointCoordinator:
             self._run(Event.WRITE_JOB_ABORT, call.state, Facts(reason=reason), call)
             return None
 
-    def take_over_write_job(self, checkpoint_id: int, reason: str) -> None:
+    def take_over_write_job(self, checkpoint_id: int, reason: str) -> Optional[CheckpointState]:
         """Abort the unfinished (PENDING) run ``checkpoint_id`` of a batch write that a new run replaces,
         and sweep its staged data. The old run, if it is still alive, is declined at its commit (its
-        compare-and-swap from PENDING fails, or it reads ABORTED): it can never commit afterwards."""
+        compare-and-swap from PENDING fails, or it reads ABORTED): it can never commit afterwards.
+
+        Returns the state the run was found in: PENDING (this call took it over), or whatever another
+        driver made of it meanwhile (COMPLETED, COMMITTED: the caller recovers or skips, never plans a run
+        after it; ABORTED, LOST, None: nothing to take over)."""
         with self._lock, self.log.locked():
             call = self._read(checkpoint_id)
-            self._run(Event.WRITE_JOB_TAKE_OVER, call.state, Facts(reason=reason), call)
+            found = call.state
+            try:
+                self._run(Event.WRITE_JOB_TAKE_OVER, found, Facts(reason=reason), call)
+            except ConcurrentWriterError:  # the compare-and-swap from PENDING lost: read what it is now
+                return self._fresh_state(checkpoint_id)
+            return found
 
     # ---- the executor: the only place that writes a checkpoint record or reaches the sink
 

@@ -25,24 +25,50 @@ step                        where                   what
 ==========================  ======================  ===============================================
 :func:`plan_write_job`      driver, ``writer()``    validate; recover other writes' decided runs;
                                                     finish or take over this write's earlier run;
-                                                    record the run PENDING
+                                                    record the run PENDING; start its heartbeat
 ``run_task``                executors, ``write()``  the sinks' task side, unchanged
-:func:`commit_write_job`    driver, ``commit()``    COMPLETED, commit, COMMITTED, sweep
-:func:`abort_write_job`     driver, ``abort()``     abort the handles, ABORTED, sweep
+:func:`commit_write_job`    driver, ``commit()``    COMPLETED, commit (retried once decided),
+                                                    COMMITTED, sweep; registry entry swept-once
+:func:`abort_write_job`     driver, ``abort()``     abort the handles, ABORTED, sweep; a COMPLETED
+                                                    run is committed instead
 ==========================  ======================  ===============================================
 
 Invariants (``test_write_job_invN_*``):
 
-1. At most one run of a write commits: a run is recorded PENDING (a compare-and-swap on an absent
-   record) only once every earlier run of the write is final; a write with a COMMITTED run plans no
-   run; a run taken over by a newer one is declined at its commit, never reopened.
+1. At most one run of a write commits: a run is planned under the write log's lock (the read of its
+   runs, the take-over of an undecided one and the PENDING record, a compare-and-swap on an absent
+   record, in one span) only once every earlier run of the write is final; a write with a COMMITTED or
+   COMPLETED run plans no run (it commits the decided one, or skips); a take-over reports the state it
+   found, and one that finds a run decided meanwhile (another host: object-store logs lock only locally)
+   plans nothing; a run created while another host decided an earlier one aborts itself (the listing
+   after the create cannot miss that decision); a run taken over by a newer one is declined at its
+   commit, never reopened.
 2. A run whose driver died after its decision (COMPLETED) is committed whole by the next run of the
-   same write, by the next batch write to the same destination (through the registry) or by
-   ``twophase log write-jobs --recover``: a decided write never stays half-visible once any of them runs.
+   same write (a re-run with the same ``writeId``) or by the next batch write to the same destination
+   (through the registry, once the grace period of invariant 6 is over): a decided write never stays
+   half-visible once either runs. (There is no CLI command for it: re-run the write, or run any batch
+   write to the destination.)
 3. A run's sweeps reach only its own write's names (its own token) and only runs <= its own.
 4. A run is taken over only with proof that it is dead or unwanted: a new run of the same write id
-   (the user re-ran it), or ``batch.abandonAfter`` elapsed since it was planned (another write). If it
-   was alive after all, it fails at its commit, loudly, with nothing of it visible.
+   (the user re-ran it), or no sign of life for ``batch.abandonAfter`` (another write; invariant 6).
+   If it was alive after all, it fails at its commit, loudly, with nothing of it visible.
+5. A decided run only ever goes forward: an error after COMPLETED is retried by the commit
+   (:data:`COMMIT_ATTEMPTS`), Spark's ``abort`` of a COMPLETED run (it calls abort when commit threw)
+   commits it, and a write whose run could not be committed stays in the registry.
+6. Two drivers finishing one decided run both end well: a compare-and-swap to COMMITTED lost to the
+   other re-reads the record and reports the run committed. Another write finishes a COMPLETED run only
+   after its driver showed no sign of life for ``min(batch.abandonAfter, COMPLETED_GRACE_S)``, and takes
+   over a PENDING one only after none for ``batch.abandonAfter``: the planning driver refreshes the
+   write's ``heartbeat.json`` every ``batch.abandonAfter / 4`` (at most :data:`HEARTBEAT_MAX_INTERVAL_S`)
+   until the run is final or its commit/abort has returned, so a healthy long run is never abandoned.
+7. The registry forgets a write only when every run of it is final, read under the write log's lock;
+   a run planned whose PENDING record is not written yet is running until ``batch.abandonAfter``.
+8. A finished write stays in the registry (state ``swept-once``) until one more sweep has run: the next
+   batch write's recovery sweeps it again (stragglers: an upload a speculative or taken-over task opened
+   after the final sweep's listing) and then forgets it.
+
+``writeId`` needs ``guarantee`` exactly-once: with at-least-once there is no log of the write to make a
+re-run idempotent, and the combination is refused.
 """
 
 from __future__ import annotations
@@ -50,6 +76,7 @@ from __future__ import annotations
 import hashlib
 import re
 import socket
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -59,7 +86,7 @@ from twophase._logging import get_logger
 from twophase.coordinator import CheckpointCoordinator
 from twophase.decisions import CommitOutcome
 from twophase.errors import CommitFailedError, ConcurrentWriterError, ConfigurationError
-from twophase.log import CheckpointRecord, TransactionLog, decode_record, encode_record
+from twophase.log import CheckpointRecord, LogView, TransactionLog, decode_record, encode_record
 from twophase.options import Option, parse_duration_ms
 from twophase.sink import Ack, Guarantee, SinkSpec
 from twophase.states import CheckpointState
@@ -67,6 +94,9 @@ from twophase.states import CheckpointState
 _log = get_logger(__name__)
 
 REGISTRY = "write-jobs/open/"
+#: a registry entry's state once every run of its write is final: the next write's recovery sweeps it once
+#: more (stragglers: an upload a speculative task opened after the final sweep's listing), then forgets it
+SWEPT_ONCE = "swept-once"
 #: default of ``batch.abandonAfter``: another write's run planned longer ago than this is taken as dead
 DEFAULT_ABANDON_AFTER_MS = 24 * 3600 * 1000
 
@@ -119,61 +149,229 @@ def _forget(base_log: TransactionLog, key: str) -> None:
     base_log.store.delete(_registry_name(key))
 
 
-def open_writes(base: SinkSpec[Any], log: Optional[TransactionLog] = None) -> list[dict[str, Any]]:
+def _registry_entry(base_log: TransactionLog, key: str) -> Optional[dict[str, Any]]:
+    data = base_log.store.get(_registry_name(key))
+    return decode_record(data, f"{base_log.location}/{_registry_name(key)}") if data is not None else None
+
+
+def open_writes(base: SinkSpec[Any], log: Optional[TransactionLog] = None, *,
+                swept_once: bool = False) -> list[dict[str, Any]]:
     """The registry: every write of ``base`` whose runs were not all final when last seen (``log``: base's log,
-    when the caller holds it already)."""
+    when the caller holds it already); ``swept_once``: also the finished writes kept for one more sweep
+    (invariant 8)."""
     log = log if log is not None else base.transaction_log()
     out = []
     for name in log.store.list(REGISTRY):
         if name.endswith(".json"):
             data = log.store.get(name)
             if data is not None:
-                out.append(decode_record(data, f"{log.location}/{name}"))
+                entry = decode_record(data, f"{log.location}/{name}")
+                if swept_once or entry.get("state") != SWEPT_ONCE:
+                    out.append(entry)
     return out
+
+
+# ---- heartbeats (invariant 6): a run's driver shows it is alive while its tasks run
+
+HEARTBEAT = "heartbeat.json"
+#: the longest pause between two heartbeats of a run (batch.abandonAfter / 4 when that is shorter)
+HEARTBEAT_MAX_INTERVAL_S = 60.0
+#: a COMPLETED run whose driver showed a sign of life less than this ago (or batch.abandonAfter, if shorter)
+#: is being committed by it: another write leaves it alone
+COMPLETED_GRACE_S = 300.0
+
+_HEARTBEATS: dict[tuple[str, int], "_Heartbeat"] = {}
+_HEARTBEATS_LOCK = threading.Lock()
+
+
+def heartbeat_interval_s(abandon_after_s: float) -> float:
+    return max(0.02, min(abandon_after_s / 4, HEARTBEAT_MAX_INTERVAL_S))
+
+
+def _read_heartbeat(log: TransactionLog) -> tuple[Optional[dict[str, Any]], Optional[str]]:
+    data, version = log.store.get_versioned(HEARTBEAT)
+    if data is None:
+        return None, None
+    try:
+        return decode_record(data, f"{log.location}/{HEARTBEAT}"), version
+    except Exception:  # noqa: BLE001 - a torn heartbeat is no sign of life, never an error
+        return None, version
+
+
+class _Heartbeat(threading.Thread):
+    """A daemon thread of the planning driver: every ``interval_s`` it records ``at`` in the write's
+    ``heartbeat.json`` while the run's record is not final and nobody wrote ``stopped`` (a compare-and-swap,
+    so a stop written meanwhile is never overwritten). It ends by itself once the run is final: Spark runs
+    ``commit``/``abort`` in another Python worker than ``writer()``."""
+
+    def __init__(self, spec: SinkSpec[Any], run: int, interval_s: float) -> None:
+        super().__init__(name=f"twophase-heartbeat-{run}", daemon=True)
+        self.spec, self.run_id, self.interval_s = spec, run, interval_s
+        self.stop_event = threading.Event()
+
+    def beat(self) -> bool:
+        """One heartbeat; False when the run needs none any more."""
+        log = self.spec.transaction_log()
+        rec = log.get(self.run_id)
+        if rec is None or rec.state.is_final:
+            return False
+        hb, version = _read_heartbeat(log)
+        if hb is not None and (hb.get("stopped") or int(hb.get("run", -1)) != self.run_id):
+            return False
+        log.store.put_if_version(HEARTBEAT, encode_record(
+            {"run": self.run_id, "at": time.time(), "host": socket.gethostname()}), version)
+        return True
+
+    def run(self) -> None:
+        while not self.stop_event.wait(self.interval_s):
+            try:
+                if not self.beat():
+                    break
+            except Exception as e:  # noqa: BLE001 - a missed beat: the next one retries
+                _log.warning("write_job_heartbeat_failed", sink_id=self.spec.sink_id, run=self.run_id, error=str(e))
+        with _HEARTBEATS_LOCK:
+            if _HEARTBEATS.get((self.spec.sink_id, self.run_id)) is self:
+                del _HEARTBEATS[(self.spec.sink_id, self.run_id)]
+
+
+def _start_heartbeat(spec: SinkSpec[Any], log: TransactionLog, run: int, abandon_after_s: float) -> None:
+    log.store.put(HEARTBEAT, encode_record({"run": run, "at": time.time(), "host": socket.gethostname()}))
+    hb = _Heartbeat(spec, run, heartbeat_interval_s(abandon_after_s))
+    with _HEARTBEATS_LOCK:
+        _HEARTBEATS[(spec.sink_id, run)] = hb
+    hb.start()
+
+
+def stop_heartbeat(job: "WriteJob") -> None:
+    """The run's driver is done with it (its commit or abort returned or failed): no more signs of life, so
+    that another write may finish a decided run after the grace period."""
+    with _HEARTBEATS_LOCK:
+        hb = _HEARTBEATS.pop((job.spec.sink_id, job.checkpoint_id), None)
+    if hb is not None:
+        hb.stop_event.set()
+    try:
+        log = job.spec.transaction_log()
+        cur, _ = _read_heartbeat(log)
+        if cur is None or int(cur.get("run", -1)) == job.checkpoint_id:
+            log.store.put(HEARTBEAT, encode_record({"run": job.checkpoint_id, "at": time.time(), "stopped": True}))
+    except Exception as e:  # noqa: BLE001 - then the beats stop when the run's record is final
+        _log.warning("write_job_heartbeat_stop_failed", sink_id=job.spec.sink_id, run=job.checkpoint_id, error=str(e))
+
+
+def _last_sign_of_life(rec: Optional[CheckpointRecord], entry: dict[str, Any],
+                       heartbeat: Optional[dict[str, Any]], run: int) -> float:
+    times = [float(entry.get("planned_at", 0.0) or 0.0)]
+    if rec is not None:
+        times += [float(t) for t in rec.timestamps.values()]
+    if heartbeat is not None and int(heartbeat.get("run", -1)) == run:
+        times.append(float(heartbeat.get("at", 0.0) or 0.0))
+    return max(times)
 
 
 def recover_writes(base: SinkSpec[Any], *, abandon_after_s: float, exclude: Optional[str] = None,
                    now: Optional[float] = None, base_log: Optional[TransactionLog] = None) -> dict[str, list[str]]:
-    """Finish what other batch writes of ``base`` left (invariants 2 and 4): commit decided runs, take
-    over runs planned more than ``abandon_after_s`` ago, forget writes whose runs are all final.
-    Returns the keys ``{"committed": [...], "abandoned": [...], "running": [...]}``."""
-    now = time.time() if now is None else now
+    """Finish what other batch writes of ``base`` left (invariants 2, 4, 6-8): commit decided runs whose
+    driver showed no sign of life for the grace period, take over runs whose driver showed none for
+    ``abandon_after_s``, sweep finished writes once more and then forget them. Every decision is taken on
+    the write's records read under its log's lock. Returns the keys ``{"committed": [...], "abandoned":
+    [...], "running": [...], "swept": [...]}``."""
     base_log = base_log if base_log is not None else base.transaction_log()
-    report: dict[str, list[str]] = {"committed": [], "abandoned": [], "running": []}
-    for entry in open_writes(base, base_log):
-        key = str(entry.get("key", ""))
+    report: dict[str, list[str]] = {"committed": [], "abandoned": [], "running": [], "swept": []}
+    grace_s = min(abandon_after_s, COMPLETED_GRACE_S)
+    for listed in open_writes(base, base_log, swept_once=True):
+        key = str(listed.get("key", ""))
         if not key or key == exclude:
             continue
         spec = base.write_job_spec(key)
-        coord = CheckpointCoordinator(spec, spec.transaction_log(), sweep_after_commit=True)
-        unfinished = coord.log.view().unfinished
-        if any(r.state is CheckpointState.COMPLETED for r in unfinished):
-            coord.recover()
-            report["committed"].append(key)
-            _log.warning("write_job_committed_by_recovery", sink_id=spec.sink_id, write_id=entry.get("write_id"),
-                         planned_at=entry.get("planned_at"),
-                         consequence="the data of a batch write whose driver died after its decision is now committed "
-                                     "whole; a re-run of that job without option writeId would write it again")
-        else:
-            for rec in unfinished:  # PENDING runs (at most one, by invariant 1)
-                age = now - float(rec.timestamps.get(CheckpointState.PENDING.value, entry.get("planned_at", now)))
-                if age < abandon_after_s:
+        log = spec.transaction_log()
+        coord = CheckpointCoordinator(spec, log, sweep_after_commit=True)
+        with log.locked():
+            entry = _registry_entry(base_log, key)  # again, under the write's lock
+            if entry is None:
+                continue
+            t = time.time() if now is None else now
+            view = log.view()
+            heartbeat, _ = _read_heartbeat(log)
+            run = int(entry.get("run", -1))
+            if entry.get("state") == SWEPT_ONCE:
+                if view.unfinished:  # a new run of it was planned since (its own entry replaces this one)
                     report["running"].append(key)
                     continue
-                coord.take_over_write_job(rec.checkpoint_id, f"abandoned: planned {age:.0f} s ago, longer than "
-                                                             f"batch.abandonAfter ({abandon_after_s:.0f} s)")
-                report["abandoned"].append(key)
-                _log.warning("write_job_abandoned", sink_id=spec.sink_id, write_id=entry.get("write_id"),
-                             run=rec.checkpoint_id, age_s=round(age))
-        if key not in report["running"]:
-            _forget(base_log, key)
+                coord.sweep_write_job(max(view.ids) if view.ids else run)
+                _forget(base_log, key)
+                report["swept"].append(key)
+                continue
+            decided = [r for r in view.unfinished if r.state is CheckpointState.COMPLETED]
+            if decided:
+                age = t - max(_last_sign_of_life(r, entry, heartbeat, r.checkpoint_id) for r in decided)
+                if age < grace_s:  # its driver may be committing it right now (invariant 6)
+                    report["running"].append(key)
+                    continue
+                highest = coord.finish_write_job_runs()
+                report["committed"].append(key)
+                _log.warning("write_job_committed_by_recovery", sink_id=spec.sink_id, write_id=entry.get("write_id"),
+                             run=highest, planned_at=entry.get("planned_at"),
+                             consequence="the data of a batch write whose driver died after its decision is now "
+                                         "committed whole; a re-run of that job without option writeId would write "
+                                         "it again")
+            running = False
+            for rec in [r for r in view.unfinished if r.state is CheckpointState.PENDING]:
+                age = t - _last_sign_of_life(rec, entry, heartbeat, rec.checkpoint_id)
+                if age < abandon_after_s:
+                    running = True
+                    continue
+                found = coord.take_over_write_job(rec.checkpoint_id, f"abandoned: no sign of life for {age:.0f} s, "
+                                                                     f"longer than batch.abandonAfter "
+                                                                     f"({abandon_after_s:.0f} s)")
+                if found is CheckpointState.PENDING:
+                    report["abandoned"].append(key)
+                    _log.warning("write_job_abandoned", sink_id=spec.sink_id, write_id=entry.get("write_id"),
+                                 run=rec.checkpoint_id, age_s=round(age))
+                elif found is CheckpointState.COMPLETED:
+                    running = True  # decided meanwhile: its driver is alive; the grace period starts now
+            if run not in view.ids and t - float(entry.get("planned_at", t)) < abandon_after_s:
+                running = True  # planned, its PENDING record not written yet (invariant 7)
+            if running:
+                report["running"].append(key)
+                continue
+            _settle(base_log, key, log, entry, unrecorded_expired=True)
     return report
+
+
+def _settle(base_log: TransactionLog, key: str, log: TransactionLog, entry: Optional[dict[str, Any]] = None, *,
+            unrecorded_expired: bool = False) -> bool:
+    """Under the write log's lock: if every run of the write is final, mark its registry entry swept-once
+    (the next write's recovery sweeps it once more, for stragglers, then forgets it: invariant 8). Returns
+    whether it did. A decided or running run keeps its entry as it is (invariants 5 and 7)."""
+    with log.locked():
+        entry = entry if entry is not None else _registry_entry(base_log, key)
+        if entry is None or entry.get("state") == SWEPT_ONCE:
+            return False
+        view = log.view()
+        run = int(entry.get("run", -1))
+        if view.unfinished or (run not in view.ids and not unrecorded_expired):
+            return False  # a run not recorded yet is running (until batch.abandonAfter: recover_writes)
+        if not view.ids:  # no run was ever recorded (its planning died before): nothing to sweep
+            _forget(base_log, key)
+            return True
+        base_log.store.put(_registry_name(key), encode_record({**entry, "state": SWEPT_ONCE, "settled_at": time.time()}))
+        return True
+
+
+def _skip(base: SinkSpec[Any], spec: SinkSpec[Any], key: str, write_id: Optional[str], run: int) -> WriteJob:
+    return WriteJob(base, spec, key, write_id, run, skip=True)
 
 
 def plan_write_job(base: SinkSpec[Any], *, write_id: Optional[str] = None,
                    abandon_after_ms: int = DEFAULT_ABANDON_AFTER_MS) -> WriteJob:
-    """Plan one run of a batch write to ``base`` (driver, before any data moves); see the module docstring."""
+    """Plan one run of a batch write to ``base`` (driver, before any data moves); see the module docstring.
+    Every decision on this write's runs is taken under its log's lock (invariant 1)."""
     base.validate_destination()
+    if base.guarantee is Guarantee.AT_LEAST_ONCE and write_id is not None:
+        raise ConfigurationError(
+            "option 'writeId' needs guarantee 'exactly-once': with option guarantee='at-least-once' each task "
+            "commits at its end and no log of the write is kept, so a re-run would write its rows again. Remove "
+            "writeId, or remove guarantee='at-least-once'")
     key = write_key(write_id)
     if base.guarantee is Guarantee.AT_LEAST_ONCE:  # no log: each task commits at its end
         return WriteJob(base, base, key, write_id, 0)
@@ -183,35 +381,65 @@ def plan_write_job(base: SinkSpec[Any], *, write_id: Optional[str] = None,
     log = spec.transaction_log()
     log.claim(f"write:{write_id if write_id is not None else key}")
     coord = CheckpointCoordinator(spec, log, sweep_after_commit=True)
-    view = log.view()
+    with log.locked():
+        view = log.view()
+        done = _done(coord, view, spec, write_id)
+        if done is not None:
+            return _skip(base, spec, key, write_id, done)
+        for rec in view.unfinished:  # an earlier run of the same write id that never decided: replaced (invariant 4)
+            found = coord.take_over_write_job(rec.checkpoint_id, f"taken over by a new run of write id {write_id!r}")
+            if found is CheckpointState.PENDING:
+                _log.warning("write_job_taken_over", sink_id=spec.sink_id, write_id=write_id, run=rec.checkpoint_id,
+                             consequence="that run is aborted; if its job is still running it fails at its commit")
+            elif found in (CheckpointState.COMPLETED, CheckpointState.COMMITTED):
+                # decided by its driver meanwhile (another host): finish or skip, never plan after it
+                done = _done(coord, _fresh_view(log), spec, write_id)
+                assert done is not None
+                return _skip(base, spec, key, write_id, done)
+        run = (max(view.ids) + 1) if view.ids else 0
+        base_log.store.put(_registry_name(key), encode_record(
+            {"key": key, "write_id": write_id, "sink_id": spec.sink_id, "run": run, "planned_at": time.time(),
+             "host": socket.gethostname()}))
+        try:
+            coord.trigger(run, ())
+        except ConcurrentWriterError as e:
+            raise ConcurrentWriterError(f"another run of batch write {write_id or key!r} was planned at the same "
+                                        f"moment (run {run}); run one job per writeId at a time: {e}") from e
+        # another host may have decided an earlier run between this plan's listing and its create (its lock is
+        # local only): the fresh listing after the create cannot miss it (log invariant 7)
+        fresh = _fresh_view(log)
+        if any(r.checkpoint_id < run and r.state is CheckpointState.COMPLETED for r in fresh.unfinished) or (
+                fresh.highest_committed is not None and fresh.highest_committed < run):
+            coord.take_over_write_job(run, "an earlier run of this write was decided meanwhile by another driver")
+            done = _done(coord, _fresh_view(log), spec, write_id)
+            assert done is not None
+            return _skip(base, spec, key, write_id, done)
+    _start_heartbeat(spec, log, run, abandon_after_ms / 1000)
+    _log.info("write_job_planned", sink_id=spec.sink_id, write_id=write_id, run=run)
+    return WriteJob(base, spec, key, write_id, run)
+
+
+def _fresh_view(log: TransactionLog) -> LogView:
+    log.highest_committed(fresh=True)
+    return log.view()
+
+
+def _done(coord: CheckpointCoordinator, view: LogView, spec: SinkSpec[Any], write_id: Optional[str]) -> Optional[int]:
+    """The run this write is done with, if it is: its COMMITTED run, or its decided run committed now (by this
+    call or, meanwhile, by another driver). None: no run of it is decided."""
     if view.highest_committed is not None:
         _log.warning("write_job_already_committed", sink_id=spec.sink_id, write_id=write_id, run=view.highest_committed,
                      consequence="this job's rows are not written: this write id committed before; rows that are not "
                                  "a re-run of that write need a new writeId")
-        _forget(base_log, key)
-        return WriteJob(base, spec, key, write_id, view.highest_committed, skip=True)
+        return view.highest_committed
     if any(r.state is CheckpointState.COMPLETED for r in view.unfinished):
-        report = coord.recover()
-        _log.warning("write_job_finished_earlier_run", sink_id=spec.sink_id, write_id=write_id, runs=report.committed,
-                     consequence="an earlier run of this write was decided when its driver died: it is committed "
-                                 "now, and this run writes nothing")
-        _forget(base_log, key)
-        return WriteJob(base, spec, key, write_id, max(report.committed), skip=True)
-    for rec in view.unfinished:  # an earlier run of the same write id that never decided: replaced (invariant 4)
-        coord.take_over_write_job(rec.checkpoint_id, f"taken over by a new run of write id {write_id!r}")
-        _log.warning("write_job_taken_over", sink_id=spec.sink_id, write_id=write_id, run=rec.checkpoint_id,
-                     consequence="that run is aborted; if its job is still running it fails at its commit")
-    run = (max(view.ids) + 1) if view.ids else 0
-    base_log.store.put(_registry_name(key), encode_record(
-        {"key": key, "write_id": write_id, "sink_id": spec.sink_id, "run": run, "planned_at": time.time(),
-         "host": socket.gethostname()}))
-    try:
-        coord.trigger(run, ())
-    except ConcurrentWriterError as e:
-        raise ConcurrentWriterError(f"another run of batch write {write_id or key!r} was planned at the same moment "
-                                    f"(run {run}); run one job per writeId at a time: {e}") from e
-    _log.info("write_job_planned", sink_id=spec.sink_id, write_id=write_id, run=run)
-    return WriteJob(base, spec, key, write_id, run)
+        highest = coord.finish_write_job_runs()
+        assert highest is not None, "finish_write_job_runs leaves no COMPLETED run uncommitted"
+        _log.warning("write_job_finished_earlier_run", sink_id=spec.sink_id, write_id=write_id, run=highest,
+                     consequence="an earlier run of this write was decided when its driver died (or is being "
+                                 "committed by it): it is committed now, and this run writes nothing")
+        return highest
+    return None
 
 
 #: commit_write_job: attempts at committing a decided (COMPLETED) run before the error goes to Spark, and the
@@ -226,16 +454,10 @@ def _record(job: WriteJob) -> Optional[CheckpointRecord]:
 
 
 def _forget_if_final(job: WriteJob) -> bool:
-    """Forget the write in the registry only if every run of it is final (read under the write log's lock):
+    """Settle the write in the registry only if every run of it is final (read under the write log's lock):
     a decided (COMPLETED) or running run stays known, for the next run or the next write to finish
-    (invariant 5). Returns whether it was forgotten."""
-    log = job.spec.transaction_log()
-    with log.locked():
-        view = log.view()
-        if view.unfinished or job.checkpoint_id not in view.ids:
-            return False
-        _forget(job.base.transaction_log(), job.key)
-        return True
+    (invariants 5 and 7); a finished one is kept for one more sweep (invariant 8). Returns whether it did."""
+    return _settle(job.base.transaction_log(), job.key, job.spec.transaction_log())
 
 
 def commit_write_job(job: WriteJob, acks: Sequence[Optional[Ack]]) -> Optional[CommitOutcome]:
@@ -255,6 +477,7 @@ def commit_write_job(job: WriteJob, acks: Sequence[Optional[Ack]]) -> Optional[C
         except Exception as e:  # noqa: BLE001 - a decided run is retried whatever the sink raised
             rec = _record(job)
             if rec is None or rec.state is not CheckpointState.COMPLETED:
+                stop_heartbeat(job)
                 _forget_if_final(job)
                 raise
             if attempt == COMMIT_ATTEMPTS:
@@ -273,6 +496,7 @@ def commit_write_job(job: WriteJob, acks: Sequence[Optional[Ack]]) -> Optional[C
                          run=job.checkpoint_id, attempt=attempt, pause_s=pause, error=str(e),
                          consequence="the run is decided: its commit is retried, never abandoned")
             time.sleep(pause)
+    stop_heartbeat(job)
     _forget_if_final(job)
     _log.info("write_job_committed", sink_id=job.spec.sink_id, write_id=job.write_id, run=job.checkpoint_id,
               outcome=str(outcome), tasks=len(acks))
@@ -290,6 +514,7 @@ def abort_write_job(job: WriteJob, acks: Sequence[Optional[Ack]], reason: str) -
         outcome = CheckpointCoordinator(job.spec, sweep_after_commit=True).abort_write_job(
             job.checkpoint_id, acks, reason)
     finally:
+        stop_heartbeat(job)
         _forget_if_final(job)
     if outcome is not None:
         _log.warning("write_job_committed_at_abort", sink_id=job.spec.sink_id, write_id=job.write_id,
