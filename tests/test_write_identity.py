@@ -140,3 +140,35 @@ def test_write_identity_delta_two_pipelines_same_table_same_write_id_both_commit
     ids = sorted(DeltaTable(str(tmp_path / "t")).to_pyarrow_table(columns=["id"]).column("id").to_pylist())
     assert ids == list(range(100)) + list(range(1000, 1050))
     assert os.path.isdir(tmp_path / "logs-a" / "write-jobs" / WRITE_ID)
+
+
+class _Broker:
+    """The two admin calls a Kafka sweep makes (ListTransactions, fence by InitProducerId), recorded."""
+
+    def __init__(self, ids):
+        self.ids, self.fenced = list(ids), []
+
+    def list_transactions(self, prefix, states=("Ongoing",)):
+        return [(t, 1, "Ongoing") for t in self.ids if t.startswith(prefix)]
+
+    def fence(self, tid, timeout_ms):
+        self.fenced.append(tid)
+        return 1, 1
+
+
+def test_write_identity_kafka_a_batch_writes_sweep_fences_only_runs_up_to_its_own(tmp_path, monkeypatch):
+    """A batch write's transactional ids carry the run (not run mod 2), so the sweep of run n (a taken-over
+    zombie's abort) fences runs <= n and never run n + 2 in flight; the streaming sink's ids keep generations."""
+    base = kafka_sink(tmp_path, "logs", **{"kafka.transaction.timeout.ms": "900000"})
+    spec = base.write_job_spec(WRITE_ID)
+    ids = {run: [spec.transactional_id(t, run, 0) for t in ("0", "1")] for run in range(4)}
+    assert ids[0] != ids[2] and all(spec._parse_id(t)[1] == run for run, ts in ids.items() for t in ts)
+    assert base.transactional_id("0", 2, 0) == base.transactional_id("0", 0, 0)  # streaming: generations
+    assert all(base._parse_id(t) is None for ts in ids.values() for t in ts)  # the write's ids are not the stream's
+    broker = _Broker([t for ts in ids.values() for t in ts] + [base.transactional_id("0", 0, 0)])
+    committer = spec.create_committer()
+    monkeypatch.setattr(spec, "_client", lambda: broker)
+    assert committer.abort_lingering(0, None) == 2
+    assert sorted(broker.fenced) == sorted(ids[0])
+    broker.fenced.clear()
+    assert committer.abort_lingering(1, None) == 4 and sorted(broker.fenced) == sorted(ids[0] + ids[1])
