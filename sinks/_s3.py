@@ -25,15 +25,30 @@ from twophase.log_s3 import S3Config, error_code, http_status
 from twophase.naming import own_part_rel
 
 MIN_PART_SIZE = 5 << 20
+#: S3's largest part (a larger one is refused with EntityTooLarge, after the task encoded it)
+MAX_PART_SIZE = 5 << 30
 #: S3's limit of parts per upload; a file may overshoot its roll size by what the writer buffered, so the
 #: options keep ``maxFileSize / partSize`` at most :data:`MAX_PLANNED_PARTS`, well under it
 MAX_PARTS = 10_000
 MAX_PLANNED_PARTS = 9_000
 
 
+def check_part_size(sink: str, part_size: int) -> None:
+    """Refuse (ConfigurationError naming ``partSize`` and the limit) a part size outside S3's 5 MiB - 5 GiB: S3
+    refuses such a part in the middle of a task."""
+    if part_size < MIN_PART_SIZE:
+        raise ConfigurationError(f"{sink}: option 'partSize'={part_size} is below S3's minimum part size of 5 MiB; "
+                                 "use at least 5m")
+    if part_size > MAX_PART_SIZE:
+        raise ConfigurationError(f"{sink}: option 'partSize'={part_size} is above S3's maximum part size of 5 GiB "
+                                 f"({MAX_PART_SIZE} bytes); use at most 5g")
+
+
 def check_part_count(sink: str, size_option: str, max_size: int, part_size: int) -> None:
     """Refuse (ConfigurationError naming both options) a roll size that would take more than
-    :data:`MAX_PLANNED_PARTS` parts: S3 refuses part 10,001 in the middle of a task."""
+    :data:`MAX_PLANNED_PARTS` parts: S3 refuses part 10,001 in the middle of a task; and a part size S3
+    refuses (:func:`check_part_size`)."""
+    check_part_size(sink, part_size)
     if -(-max_size // part_size) > MAX_PLANNED_PARTS:
         raise ConfigurationError(f"{sink}: option '{size_option}'={max_size} needs more than {MAX_PLANNED_PARTS} "
                                  f"parts of 'partSize'={part_size} (S3 allows {MAX_PARTS} per upload); raise "

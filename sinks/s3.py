@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Collection, Mapping, TypedDict
 
 from twophase.naming import internal_rel, part_file_name
-from twophase.sinks._s3 import (MIN_PART_SIZE, check_part_count, MultipartStream, abort_lingering_uploads, abort_own_uploads,  # noqa: F401
+from twophase.sinks._s3 import (MIN_PART_SIZE, check_part_count, check_part_size, MultipartStream, abort_lingering_uploads, abort_own_uploads,  # noqa: F401
                                 abort_upload, check_bucket, complete_upload, list_own_uploads, multipart_etag)
 from twophase.sinks._filelike import FileLikeOptions, check_partition_columns
 from twophase.sinks._formats import FORMAT_OPTIONS, format_options
@@ -78,8 +78,8 @@ S3_OPTIONS: tuple[Option[Any], ...] = (
     *FORMAT_OPTIONS,
     Option("partitionBy", parse_list, (), help="comma-separated Hive partition columns"),
     Option("partSize", parse_size, 5 << 20,
-           help="multipart part size, at least 5m (S3's minimum, the default: the first part uploads while the "
-                "task still encodes the file)"),
+           help="multipart part size, 5m (S3's minimum, the default: the first part uploads while the task still "
+                "encodes the file) to 5g (S3's maximum)"),
     Option("maxFileSize", parse_size, 128 << 20, help="roll to a new object past this many bytes (e.g. 128m)"),
     *S3_CLIENT_OPTIONS,
 )
@@ -105,9 +105,7 @@ class S3SinkOptions(FileLikeOptions):
         o = parse_options(raw, S3_OPTIONS, sink="twophase-s3")
         fo = format_options(o, sink="twophase-s3")
         bucket, prefix = parse_s3_url(o["path"])
-        if o["partSize"] < MIN_PART_SIZE:
-            raise ConfigurationError(f"twophase-s3: option 'partSize'={o['partSize']} is below S3's minimum part "
-                                     "size of 5 MiB; use at least 5m")
+        check_part_size("twophase-s3", o["partSize"])  # 5 MiB to 5 GiB: S3 refuses others mid-task
         if o["maxFileSize"] < o["partSize"]:
             raise ConfigurationError("twophase-s3: option 'maxFileSize' must be at least 'partSize'")
         check_part_count("twophase-s3", "maxFileSize", o["maxFileSize"], o["partSize"])

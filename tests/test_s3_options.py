@@ -125,3 +125,15 @@ def test_s3_options_a_roll_size_past_s3s_part_limit_is_refused_naming_both_optio
     with pytest.raises(ConfigurationError, match="'targetFileSize'"):
         DeltaSinkOptions.from_options({"path": "s3://b/t", "targetFileSize": "50g"})
     DeltaSinkOptions.from_options({"path": "/tmp/t", "targetFileSize": "50g"})  # local: no parts
+
+
+@pytest.mark.parametrize("part_size", ["6g", "5121m", str((5 << 30) + 1)])
+def test_s3_options_a_part_size_past_s3s_5_gib_part_limit_is_refused_naming_it(part_size: str) -> None:
+    """S3 refuses a part above 5 GiB (EntityTooLarge) in the middle of a task, after the task encoded it: the
+    options refuse it before anything runs, naming 'partSize' and the limit (the S3 sink, and Delta on S3)."""
+    from twophase.sinks.delta import DeltaSinkOptions
+    with pytest.raises(ConfigurationError, match=r"'partSize'=\d+ is above S3's maximum part size of 5 GiB"):
+        S3SinkOptions.from_options({"path": "s3://b/x", "partSize": part_size, "maxFileSize": "100g"})
+    with pytest.raises(ConfigurationError, match=r"'partSize'=\d+ is above S3's maximum part size of 5 GiB"):
+        DeltaSinkOptions.from_options({"path": "s3://b/t", "partSize": part_size, "targetFileSize": "100g"})
+    assert S3SinkOptions.from_options({"path": "s3://b/x", "partSize": "5g", "maxFileSize": "10g"}).part_size == 5 << 30

@@ -165,3 +165,35 @@ def test_s3_client_cache_keeps_at_most_its_bound(monkeypatch: pytest.MonkeyPatch
         first.client()  # kept recently used: the others are dropped first
         S3Config("http://rgw:7480", "us-east-1", f"K{i}", "s").client()
     assert len(log_s3._CLIENTS) == log_s3._CLIENTS_MAX and first.client() is c0
+
+
+def test_s3_client_is_made_again_when_the_shared_credentials_file_changes(monkeypatch: pytest.MonkeyPatch,
+                                                                           tmp_path) -> None:
+    """Credentials rotated in the shared credentials file (AWS_SHARED_CREDENTIALS_FILE, else ~/.aws/credentials)
+    or the config file reach the next client: a cached client keeps the keys it was made with (requests then
+    fail with ExpiredToken until the worker restarts). Unchanged files keep the cached client; explicit keys
+    (s3.accessKeyId) do not depend on the files."""
+    import os
+    made: list[S3Config] = []
+    monkeypatch.setattr(log_s3, "_CLIENTS", {})
+    monkeypatch.setattr(S3Config, "_new_client", lambda self: made.append(self) or object())
+    creds, conf = tmp_path / "credentials", tmp_path / "config"
+    creds.write_text("[default]\naws_access_key_id = A1\naws_secret_access_key = s1\n")
+    conf.write_text("[default]\nregion = us-east-1\n")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(creds))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(conf))
+    cfg = S3Config("http://rgw:7480")
+    first = cfg.client()
+    assert cfg.client() is first and len(made) == 1
+    creds.write_text("[default]\naws_access_key_id = A2\naws_secret_access_key = s2\n")
+    os.utime(creds, ns=(os.stat(creds).st_atime_ns, os.stat(creds).st_mtime_ns + 1_000_000_000))
+    second = cfg.client()
+    assert second is not first and len(made) == 2
+    assert cfg.client() is second
+    os.utime(conf, ns=(os.stat(conf).st_atime_ns, os.stat(conf).st_mtime_ns + 1_000_000_000))
+    assert cfg.client() is not second and len(made) == 3
+    explicit = S3Config("http://rgw:7480", "us-east-1", "AKID", "secret")
+    e = explicit.client()
+    creds.write_text("[default]\naws_access_key_id = A3\naws_secret_access_key = s3\n")
+    os.utime(creds, ns=(os.stat(creds).st_atime_ns, os.stat(creds).st_mtime_ns + 2_000_000_000))
+    assert explicit.client() is e

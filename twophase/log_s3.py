@@ -79,10 +79,14 @@ class S3Config:
         A boto3 client is thread-safe, and creating one costs 50-200 ms (a new session loads and parses
         botocore's service model), which Spark would pay several times per micro-batch: ``streamWriter()``
         builds the sink afresh twice per batch and every task opens its own. Shared per process id (a
-        forked child never reuses its parent's connection pool), per configuration and per AWS_*
-        variable of the environment (a client made before the environment changed is not reused); at
-        most :data:`_CLIENTS_MAX` are kept, the least recently used dropped first."""
-        key = (os.getpid(), self, tuple((k, v) for k, v in sorted(os.environ.items()) if k.startswith("AWS_")))
+        forked child never reuses its parent's connection pool), per configuration, per AWS_* variable of
+        the environment (a client made before the environment changed is not reused) and, unless the
+        keys are given (``s3.accessKeyId``), per version of the shared credentials and config files (a
+        client keeps the keys it was made with: one made before a rotation of ``~/.aws/credentials`` would
+        fail with ExpiredToken until the worker restarts); at most :data:`_CLIENTS_MAX` are kept, the
+        least recently used dropped first."""
+        env = tuple((k, v) for k, v in sorted(os.environ.items()) if k.startswith("AWS_"))
+        key = (os.getpid(), self, env, () if self.access_key_id else _aws_files_version())
         with _CLIENTS_LOCK:
             found = _CLIENTS.pop(key, None)
             if found is not None:
@@ -124,6 +128,21 @@ class S3Config:
 
     def resolved_endpoint(self) -> Optional[str]:
         return self.endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+
+
+def _aws_files_version() -> tuple[Any, ...]:
+    """What identifies the current contents of boto3's shared credentials and config files (their paths from
+    AWS_SHARED_CREDENTIALS_FILE / AWS_CONFIG_FILE, else ~/.aws/...): a stat per file, so a rotation (a new
+    file, or one rewritten) is seen by the next :meth:`S3Config.client` call."""
+    out: list[Any] = []
+    for var, default in (("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials"), ("AWS_CONFIG_FILE", "~/.aws/config")):
+        path = os.path.expanduser(os.environ.get(var) or default)
+        try:
+            st = os.stat(path)
+            out.append((path, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+        except OSError:
+            out.append((path, None))
+    return tuple(out)
 
 
 #: the per-process cache of :meth:`S3Config.client` (insertion order = least recently used first)

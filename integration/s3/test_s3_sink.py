@@ -16,7 +16,7 @@ from twophase.sinks._s3 import complete_upload
 from twophase.sinks.s3 import S3Sink
 from twophase.coordinator import CheckpointCoordinator
 from twophase.errors import DataLossError
-from twophase.log_s3 import S3Config
+from twophase.log_s3 import S3Config, S3LogStore
 from twophase.sink import TransactionContext, run_task
 
 pytestmark = [pytest.mark.s3]
@@ -277,3 +277,29 @@ def test_s3_sink_inv4_a_nested_destination_with_the_same_sink_id_is_never_swept(
     assert crashed_id not in uploads, "A's own crashed upload was not swept"
     assert {u["upload_id"] for u in b_ack.handle["uploads"]} <= uploads, "A swept the nested destination's upload"
     assert CheckpointCoordinator(b).complete_batch(1, [b_ack]) == "COMMITTED"
+
+
+def test_s3_client_takes_credentials_rotated_in_the_shared_credentials_file(s3_server: S3Server, tmp_path: Any,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Credentials from boto3's shared credentials file (no s3.accessKeyId): the operator rotates them in the
+    file; the process's next client uses the new ones (the per-process client cache used to keep the client made
+    with the old keys, refused by the server until the worker restarted)."""
+    import os
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(var, raising=False)
+    creds, conf = tmp_path / "credentials", tmp_path / "config"
+    conf.write_text("[default]\nregion = us-east-1\n")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(creds))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(conf))
+    bucket = s3_server.new_bucket()
+    creds.write_text(f"[default]\naws_access_key_id = {s3_server.access_key}\naws_secret_access_key = expired\n")
+    cfg = S3Config(s3_server.endpoint, "us-east-1")
+    with pytest.raises(Exception) as refused:
+        cfg.client().head_bucket(Bucket=bucket)
+    assert "403" in str(refused.value) or "Forbidden" in str(refused.value), refused.value
+    creds.write_text(f"[default]\naws_access_key_id = {s3_server.access_key}\n"
+                     f"aws_secret_access_key = {s3_server.secret_key}\n")
+    st = os.stat(creds)
+    os.utime(creds, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # a rotation within one clock tick too
+    cfg.client().head_bucket(Bucket=bucket)  # the rotated keys: accepted
+    S3LogStore(f"s3://{bucket}/log", cfg).put("probe", b"x")  # and by a store made now
