@@ -70,6 +70,51 @@ def test_batch_write_a_failed_job_leaves_nothing_and_its_rerun_writes_once(spark
     assert staging_leftovers(out) == []
 
 
+def test_batch_write_a_commit_failing_after_the_decision_is_finished_by_sparks_abort(spark, tmp_path):
+    """write_job invariant 5 on real Spark: the driver's commit links one file, then fails (EIO) after
+    COMPLETED (its retries off, so the error reaches Spark); Spark calls abort(messages), which commits the
+    decided run whole: every row once, not a third of them; a re-run of the write id writes nothing."""
+    from twophase.sinks.files_spark import FileDataSource
+    from twophase.spark.datasource import TwoPhaseBatchWriter
+    out = str(tmp_path / "out")
+    marker = str(tmp_path / "commit-failed")
+
+    class TornCommitWriter(TwoPhaseBatchWriter):
+        def commit(self, messages):
+            import twophase.write_job as wj
+            from twophase.coordinator import CheckpointCoordinator
+            real, attempts = CheckpointCoordinator._commit_handles, getattr(wj, "COMMIT_ATTEMPTS", None)
+
+            def torn(coord, checkpoint_id, handles, *, recovering):
+                real(coord, checkpoint_id, handles[:1], recovering=recovering)
+                raise OSError(5, "injected EIO while linking a file")
+
+            CheckpointCoordinator._commit_handles, wj.COMMIT_ATTEMPTS = torn, 1
+            try:
+                super().commit(messages)
+            finally:
+                CheckpointCoordinator._commit_handles, wj.COMMIT_ATTEMPTS = real, attempts
+                open(marker, "w").close()
+
+    class TornCommitSource(FileDataSource):
+        short_name = "twophase-file-torn-commit"
+
+        def writer(self, schema, overwrite):
+            return TornCommitWriter(super().writer(schema, overwrite).job)
+
+    spark.dataSource.register(TornCommitSource)
+    w = _ids(spark, 0, 900).write.format("twophase-file-torn-commit").mode("append").option("path", out)
+    with pytest.raises(Exception, match="injected EIO"):
+        w.option("writeId", "torn").save()
+    assert os.path.exists(marker), "the commit never ran"
+    report = check_exactly_once(list(range(900)), read_ids(out))
+    assert report.ok, report.line()
+    _ids(spark, 0, 900).write.format("twophase-file").mode("append").option("path", out).option("writeId", "torn").save()
+    report = check_exactly_once(list(range(900)), read_ids(out))
+    assert report.ok, report.line()
+    assert staging_leftovers(out) == [] and open_writes(FileSink.from_options({"path": out})) == []
+
+
 def test_batch_write_insert_into_a_temporary_view(spark, tmp_path):
     out = str(tmp_path / "out")
     spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW tp_out (id BIGINT, grp STRING) USING `twophase-file` "
@@ -133,7 +178,10 @@ def test_batch_write_crash_after_decision_finished_by_the_next_write_then_its_re
     assert killed.returncode != 0 and (tmp_path / "fault-marker").exists(), "the fault did not fire"
     partial = check_exactly_once(list(range(3000)), read_ids(out))
     assert partial.duplicated == 0 and partial.unexpected == 0, partial.line()
-    assert _job(out, tmp_path, write_id="", lo=3000, hi=4000).returncode == 0  # another write, no id
+    # another write, no id; its batch.abandonAfter (1 s) bounds the grace period a decided run's driver gets
+    # before another write finishes it (write_job invariant 6): the killed driver's last heartbeat is older
+    assert _job(out, tmp_path, write_id="", lo=3000, hi=4000,
+                extra=["--option", "batch.abandonAfter=1s"]).returncode == 0
     report = check_exactly_once(list(range(4000)), read_ids(out))
     assert report.ok, report.line()  # the dead write committed whole by the next one's planning
     assert _job(out, tmp_path).returncode == 0  # the crashed write re-run: it committed, so nothing
@@ -163,7 +211,8 @@ def test_batch_write_crash_after_decision_is_finished_by_the_next_write_without_
     out = str(tmp_path / "out")
     killed = _job(out, tmp_path, fault="mid_commit@0", write_id="")
     assert killed.returncode != 0 and (tmp_path / "fault-marker").exists()
-    assert _job(out, tmp_path, write_id="", lo=3000, hi=4000).returncode == 0  # another write, no id
+    assert _job(out, tmp_path, write_id="", lo=3000, hi=4000,  # another write, no id (grace: 1 s)
+                extra=["--option", "batch.abandonAfter=1s"]).returncode == 0
     report = check_exactly_once(list(range(4000)), read_ids(out))
     assert report.ok, report.line()  # the dead write committed whole by the next one's planning
     assert staging_leftovers(out) == []

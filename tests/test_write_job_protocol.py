@@ -288,3 +288,19 @@ def test_write_job_inv8_a_straggler_after_the_final_sweep_is_swept_by_the_next_w
     plan_write_job(sink, write_id="third")
     assert "w" not in [e["key"] for e in open_writes(sink, swept_once=True)]
     assert visible_ids(sink.root) == list(range(110))
+
+
+def test_write_job_inv6_a_running_task_keeps_its_run_alive_when_the_planner_is_gone(sink):
+    """Invariant 6, as on Spark (its planner worker exits after ``writer()``, with the planning thread): the
+    run's tasks beat while they run, so a task longer than batch.abandonAfter is not abandoned."""
+    import time
+    job = plan_write_job(sink, write_id="long", abandon_after_ms=400)
+    with wj._HEARTBEATS_LOCK:
+        wj._HEARTBEATS.pop((job.spec.sink_id, job.checkpoint_id)).stop_event.set()  # the planner process exited
+    with wj.beating(job):  # a task on an executor
+        time.sleep(1.0)
+        acks = run_tasks(job, PARTS)
+        report = wj.recover_writes(sink, abandon_after_s=0.4)  # another write plans meanwhile
+    assert report["abandoned"] == [] and report["running"] == ["long"]
+    commit_write_job(job, acks)
+    assert visible_ids(sink.root) == list(range(100))

@@ -481,13 +481,14 @@ class CheckpointCoordinator:
             self._do(Event.RECOVERY_SWEEP, Sweep(up_to=up_to, best_effort=True), call)
             return call.swept
 
-    def finish_write_job_runs(self) -> Optional[int]:
+    def finish_write_job_runs(self) -> tuple[Optional[int], list[int]]:
         """Commit the decided (COMPLETED) runs of a batch write (:meth:`recover`); a compare-and-swap lost to
         another driver that committed them meanwhile is not an error. Returns the highest committed run as
-        the log has it afterwards (None: none)."""
+        the log has it afterwards (None: none) and the runs this call recorded COMMITTED."""
+        committed: list[int] = []
         with self._lock, self.log.locked():
             try:
-                self.recover()
+                committed = self.recover().committed
             except ConcurrentWriterError:
                 pass  # re-read below: committed by the other driver, or still COMPLETED (then raise)
             self.log.highest_committed(fresh=True)
@@ -498,7 +499,7 @@ class CheckpointCoordinator:
                 raise ConcurrentWriterError(
                     f"runs {left} of batch write {self.log.sink_id!r} stay COMPLETED: another driver is writing "
                     "this log at the same moment; re-run the write with the same option writeId to finish them")
-            return view.highest_committed
+            return view.highest_committed, committed
 
     def abort_write_job(self, checkpoint_id: int, acks: Sequence[Optional[Ack]], reason: str) -> Optional[CommitOutcome]:
         """Spark's driver abort of a batch write's run: abort every prepared handle, record ABORTED and

@@ -73,6 +73,7 @@ re-run idempotent, and the combination is refused.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 import socket
@@ -80,7 +81,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 from twophase._logging import get_logger
 from twophase.coordinator import CheckpointCoordinator
@@ -139,6 +140,8 @@ class WriteJob:
     write_id: Optional[str]
     checkpoint_id: int
     skip: bool = False
+    #: the pause between two heartbeats of the run (invariant 6)
+    heartbeat_s: float = 60.0
 
 
 def _registry_name(key: str) -> str:
@@ -199,25 +202,33 @@ def _read_heartbeat(log: TransactionLog) -> tuple[Optional[dict[str, Any]], Opti
 
 
 class _Heartbeat(threading.Thread):
-    """A daemon thread of the planning driver: every ``interval_s`` it records ``at`` in the write's
-    ``heartbeat.json`` while the run's record is not final and nobody wrote ``stopped`` (a compare-and-swap,
-    so a stop written meanwhile is never overwritten). It ends by itself once the run is final: Spark runs
-    ``commit``/``abort`` in another Python worker than ``writer()``."""
+    """A daemon thread beating for one run: every ``interval_s`` it records ``at`` in the write's
+    ``heartbeat.json`` unless nobody needs it: the run is final (``check_record``), a stop was written, or
+    another run beats there (a compare-and-swap, so a stop written meanwhile is never overwritten).
 
-    def __init__(self, spec: SinkSpec[Any], run: int, interval_s: float) -> None:
+    Three places beat (invariant 6): the planning driver's thread, from ``writer()`` until the run is final
+    (in a process that outlives the planning: the runtime, tests; Spark's planner worker exits after
+    ``writer()``, taking the thread with it); each task of the run while it runs (executors, ``write()``;
+    throttled to one PUT per half interval whatever the number of tasks); and the driver's ``commit`` /
+    ``abort`` while it runs."""
+
+    def __init__(self, spec: SinkSpec[Any], run: int, interval_s: float, *, check_record: bool = True) -> None:
         super().__init__(name=f"twophase-heartbeat-{run}", daemon=True)
-        self.spec, self.run_id, self.interval_s = spec, run, interval_s
+        self.spec, self.run_id, self.interval_s, self.check_record = spec, run, interval_s, check_record
         self.stop_event = threading.Event()
 
     def beat(self) -> bool:
         """One heartbeat; False when the run needs none any more."""
         log = self.spec.transaction_log()
-        rec = log.get(self.run_id)
-        if rec is None or rec.state.is_final:
-            return False
+        if self.check_record:
+            rec = log.get(self.run_id)
+            if rec is None or rec.state.is_final:
+                return False
         hb, version = _read_heartbeat(log)
         if hb is not None and (hb.get("stopped") or int(hb.get("run", -1)) != self.run_id):
             return False
+        if hb is not None and time.time() - float(hb.get("at", 0.0) or 0.0) < self.interval_s / 2:
+            return True  # another beater of this run was here a moment ago
         log.store.put_if_version(HEARTBEAT, encode_record(
             {"run": self.run_id, "at": time.time(), "host": socket.gethostname()}), version)
         return True
@@ -232,6 +243,26 @@ class _Heartbeat(threading.Thread):
         with _HEARTBEATS_LOCK:
             if _HEARTBEATS.get((self.spec.sink_id, self.run_id)) is self:
                 del _HEARTBEATS[(self.spec.sink_id, self.run_id)]
+
+
+@contextlib.contextmanager
+def beating(job: "WriteJob") -> Iterator[None]:
+    """Beat for ``job``'s run while the block runs (a task on an executor, the driver's commit or abort).
+    Best effort: a heartbeat never fails the work it accompanies."""
+    if job.skip or job.spec.guarantee is Guarantee.AT_LEAST_ONCE:
+        yield
+        return
+    hb = _Heartbeat(job.spec, job.checkpoint_id, job.heartbeat_s, check_record=False)
+    try:
+        hb.beat()
+    except Exception as e:  # noqa: BLE001 - see above
+        _log.warning("write_job_heartbeat_failed", sink_id=job.spec.sink_id, run=job.checkpoint_id, error=str(e))
+    hb.start()
+    try:
+        yield
+    finally:
+        hb.stop_event.set()
+        hb.join(5)
 
 
 def _start_heartbeat(spec: SinkSpec[Any], log: TransactionLog, run: int, abandon_after_s: float) -> None:
@@ -307,13 +338,16 @@ def recover_writes(base: SinkSpec[Any], *, abandon_after_s: float, exclude: Opti
                 if age < grace_s:  # its driver may be committing it right now (invariant 6)
                     report["running"].append(key)
                     continue
-                highest = coord.finish_write_job_runs()
+                highest, by_this_call = coord.finish_write_job_runs()
                 report["committed"].append(key)
-                _log.warning("write_job_committed_by_recovery", sink_id=spec.sink_id, write_id=entry.get("write_id"),
-                             run=highest, planned_at=entry.get("planned_at"),
-                             consequence="the data of a batch write whose driver died after its decision is now "
-                                         "committed whole; a re-run of that job without option writeId would write "
-                                         "it again")
+                if not by_this_call:
+                    _log.info("write_job_committed_by_another_driver", sink_id=spec.sink_id, run=highest)
+                else:
+                    _log.warning("write_job_committed_by_recovery", sink_id=spec.sink_id,
+                                 write_id=entry.get("write_id"), run=highest, planned_at=entry.get("planned_at"),
+                                 consequence="the data of a batch write whose driver died after its decision is now "
+                                             "committed whole; a re-run of that job without option writeId would "
+                                             "write it again")
             running = False
             for rec in [r for r in view.unfinished if r.state is CheckpointState.PENDING]:
                 age = t - _last_sign_of_life(rec, entry, heartbeat, rec.checkpoint_id)
@@ -358,7 +392,10 @@ def _settle(base_log: TransactionLog, key: str, log: TransactionLog, entry: Opti
         return True
 
 
-def _skip(base: SinkSpec[Any], spec: SinkSpec[Any], key: str, write_id: Optional[str], run: int) -> WriteJob:
+def _skip(base: SinkSpec[Any], spec: SinkSpec[Any], log: TransactionLog, key: str, write_id: Optional[str],
+          run: int) -> WriteJob:
+    """``log``: the write's log as the caller holds it (its lock is re-entrant per instance only)."""
+    _settle(base.transaction_log(), key, log)  # its runs are final: swept-once (invariant 8)
     return WriteJob(base, spec, key, write_id, run, skip=True)
 
 
@@ -385,7 +422,7 @@ def plan_write_job(base: SinkSpec[Any], *, write_id: Optional[str] = None,
         view = log.view()
         done = _done(coord, view, spec, write_id)
         if done is not None:
-            return _skip(base, spec, key, write_id, done)
+            return _skip(base, spec, log, key, write_id, done)
         for rec in view.unfinished:  # an earlier run of the same write id that never decided: replaced (invariant 4)
             found = coord.take_over_write_job(rec.checkpoint_id, f"taken over by a new run of write id {write_id!r}")
             if found is CheckpointState.PENDING:
@@ -395,7 +432,7 @@ def plan_write_job(base: SinkSpec[Any], *, write_id: Optional[str] = None,
                 # decided by its driver meanwhile (another host): finish or skip, never plan after it
                 done = _done(coord, _fresh_view(log), spec, write_id)
                 assert done is not None
-                return _skip(base, spec, key, write_id, done)
+                return _skip(base, spec, log, key, write_id, done)
         run = (max(view.ids) + 1) if view.ids else 0
         base_log.store.put(_registry_name(key), encode_record(
             {"key": key, "write_id": write_id, "sink_id": spec.sink_id, "run": run, "planned_at": time.time(),
@@ -413,10 +450,10 @@ def plan_write_job(base: SinkSpec[Any], *, write_id: Optional[str] = None,
             coord.take_over_write_job(run, "an earlier run of this write was decided meanwhile by another driver")
             done = _done(coord, _fresh_view(log), spec, write_id)
             assert done is not None
-            return _skip(base, spec, key, write_id, done)
+            return _skip(base, spec, log, key, write_id, done)
     _start_heartbeat(spec, log, run, abandon_after_ms / 1000)
     _log.info("write_job_planned", sink_id=spec.sink_id, write_id=write_id, run=run)
-    return WriteJob(base, spec, key, write_id, run)
+    return WriteJob(base, spec, key, write_id, run, heartbeat_s=heartbeat_interval_s(abandon_after_ms / 1000))
 
 
 def _fresh_view(log: TransactionLog) -> LogView:
@@ -433,8 +470,11 @@ def _done(coord: CheckpointCoordinator, view: LogView, spec: SinkSpec[Any], writ
                                  "a re-run of that write need a new writeId")
         return view.highest_committed
     if any(r.state is CheckpointState.COMPLETED for r in view.unfinished):
-        highest = coord.finish_write_job_runs()
+        highest, by_this_call = coord.finish_write_job_runs()
         assert highest is not None, "finish_write_job_runs leaves no COMPLETED run uncommitted"
+        if not by_this_call:  # another driver committed it meanwhile (no warning: nothing was recovered here)
+            _log.info("write_job_committed_by_another_driver", sink_id=spec.sink_id, write_id=write_id, run=highest)
+            return highest
         _log.warning("write_job_finished_earlier_run", sink_id=spec.sink_id, write_id=write_id, run=highest,
                      consequence="an earlier run of this write was decided when its driver died (or is being "
                                  "committed by it): it is committed now, and this run writes nothing")
@@ -472,7 +512,8 @@ def commit_write_job(job: WriteJob, acks: Sequence[Optional[Ack]]) -> Optional[C
     for attempt in range(1, COMMIT_ATTEMPTS + 1):
         try:
             coord = CheckpointCoordinator(job.spec, sweep_after_commit=True)
-            outcome = coord.complete_write_job(job.checkpoint_id, acks, [str(i) for i in range(len(acks))])
+            with beating(job):
+                outcome = coord.complete_write_job(job.checkpoint_id, acks, [str(i) for i in range(len(acks))])
             break
         except Exception as e:  # noqa: BLE001 - a decided run is retried whatever the sink raised
             rec = _record(job)
@@ -511,8 +552,9 @@ def abort_write_job(job: WriteJob, acks: Sequence[Optional[Ack]], reason: str) -
     if job.skip or job.spec.guarantee is Guarantee.AT_LEAST_ONCE:
         return None
     try:
-        outcome = CheckpointCoordinator(job.spec, sweep_after_commit=True).abort_write_job(
-            job.checkpoint_id, acks, reason)
+        with beating(job):
+            outcome = CheckpointCoordinator(job.spec, sweep_after_commit=True).abort_write_job(
+                job.checkpoint_id, acks, reason)
     finally:
         stop_heartbeat(job)
         _forget_if_final(job)

@@ -46,7 +46,8 @@ from twophase.coordinator import CheckpointCoordinator
 from twophase.errors import ConfigurationError
 from twophase.options import parse_options
 from twophase.sink import Ack, Guarantee, TransactionContext, SinkSpec, run_task
-from twophase.write_job import WRITE_JOB_OPTIONS, WriteJob, abort_write_job, commit_write_job, plan_write_job
+from twophase.write_job import (WRITE_JOB_OPTIONS, WriteJob, abort_write_job, beating, commit_write_job,
+                                plan_write_job)
 
 _WRITE_JOB_KEYS = frozenset(o.lookup_key for o in WRITE_JOB_OPTIONS)
 
@@ -155,7 +156,9 @@ class TwoPhaseStreamWriter(DataSourceStreamArrowWriter):
 
 class TwoPhaseBatchWriter(DataSourceArrowWriter):
     """Drives one run of a batch write (``df.write``, ``INSERT INTO``; see :mod:`twophase.write_job`):
-    ``writer()`` planned it on the driver; executors run ``write``; the driver runs ``commit`` or ``abort`` once."""
+    ``writer()`` planned it on the driver; executors run ``write`` (each task beats the run's heartbeat while
+    it runs); the driver runs ``commit`` or ``abort`` once. Spark calls ``abort`` also when ``commit`` threw:
+    a run that was decided (COMPLETED) before the error is committed there, never aborted."""
 
     def __init__(self, job: WriteJob) -> None:
         self.job = job
@@ -165,7 +168,8 @@ class TwoPhaseBatchWriter(DataSourceArrowWriter):
             for _ in iterator:
                 pass
             return TwoPhaseCommitMessage({})
-        ack = run_task(self.job.spec, task_context(self.job.spec, self.job.checkpoint_id), iterator)
+        with beating(self.job):  # the run is alive while its tasks run (write_job invariant 6)
+            ack = run_task(self.job.spec, task_context(self.job.spec, self.job.checkpoint_id), iterator)
         return TwoPhaseCommitMessage(ack.to_json())
 
     def commit(self, messages: List[Optional[WriterCommitMessage]]) -> None:
