@@ -26,7 +26,7 @@ import os
 import shutil
 import time
 from collections import defaultdict
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import pyarrow as pa
 
@@ -36,7 +36,7 @@ from twophase.log_store import fsync_dir, makedirs_durable
 from twophase.naming import internal_rel, part_file_name
 from twophase.sinks.delta import (DeltaCommittable, DeltaCommitter, DeltaSink, DeltaSinkOptions, _max_string,
                                   _min_string, _partition_values, _timestamp_json)
-from twophase.spark.native import NativeOptions, NativeTarget, list_spark_output, make_durable
+from twophase.spark.native import NativeOptions, NativeTarget, keep_written, list_spark_output, make_durable
 
 _log = get_logger(__name__)
 
@@ -45,8 +45,9 @@ def footer_stats(path: str) -> tuple[int, str]:
     """``(records, Delta stats JSON)`` of a Parquet file from its footer: numRecords, nullCount of every
     column, and min/max where a bound can be shown safely (integers, dates, strings as bounded prefixes,
     INT64 timestamps in ms rounded outward). A column whose statistics are missing in any row group gets
-    no bounds; floats (NaN), decimals, booleans, binary and INT96 timestamps never do (a bound is never
-    tighter than the data: readers skip files on it)."""
+    no bounds, nor does a string column whose statistics are not valid UTF-8 (Spark's strings may hold any
+    bytes, e.g. ``CAST(value AS STRING)`` of Kafka's binary values); floats (NaN), decimals, booleans,
+    binary and INT96 timestamps never do (a bound is never tighter than the data: readers skip files on it)."""
     import datetime as dt
     import pyarrow.parquet as pq
     md = pq.read_metadata(path)
@@ -72,7 +73,11 @@ def footer_stats(path: str) -> tuple[int, str]:
                 if g.num_rows != st.null_count:
                     no_bounds.add(name)
                 continue
-            a, b = st.min, st.max
+            try:
+                a, b = st.min, st.max
+            except (UnicodeDecodeError, ValueError):  # e.g. CAST(binary AS STRING): bytes that are not UTF-8
+                no_bounds.add(name)
+                continue
             lo[name] = a if name not in lo else min(lo[name], a)
             hi[name] = b if name not in hi else max(hi[name], b)
     lows: dict[str, Any] = {}
@@ -136,6 +141,7 @@ class DeltaNativeTarget(NativeTarget):
         self.spec = sink
         self.sink = sink
         self._checked: Optional[str] = None
+        self._schema: Optional[pa.Schema] = None
 
     @classmethod
     def create(cls, options: NativeOptions) -> "DeltaNativeTarget":
@@ -156,6 +162,11 @@ class DeltaNativeTarget(NativeTarget):
     def partition_columns(self, options: NativeOptions) -> tuple[str, ...]:
         return self.sink.partition_by  # the table's, once check_schema read it
 
+    def writer_settings(self) -> dict[str, str]:
+        """Spark writes timestamp partition folders in this zone (else the session's, with no offset in the
+        text); the committables turn them into Delta's UTC partition values."""
+        return {"timeZone": "UTC"}
+
     def check_schema(self, schema: Any) -> None:
         """Create the table, or check the batch's columns against it (mergeSchema adds new ones); refuse
         nested columns and tables with row rules the native path cannot enforce."""
@@ -169,6 +180,7 @@ class DeltaNativeTarget(NativeTarget):
                                      "flat tables only: use format('twophase-delta') for nested columns")
         arrow = arrow_schema(schema)  # timestamps in UTC, as the Python path's (PySpark asserts a zone)
         self.sink.ensure_schema(arrow)
+        self._schema = arrow  # the partition columns' types: timestamp partition values
         if self.sink.checks:
             raise ConfigurationError(
                 f"native_sink('delta'): the table {self.sink.uri} has row rules (NOT NULL columns, CHECK constraints, "
@@ -180,8 +192,18 @@ class DeltaNativeTarget(NativeTarget):
         return os.path.join(self.sink.uri, internal_rel(self.sink.sink_id), "staging", f"{batch_id:020d}",
                             f"native-{attempt_uid}")
 
-    def committables(self, batch_id: int, attempt_uid: str, attempt_dir: str) -> list[DeltaCommittable]:
-        files = list_spark_output(attempt_dir)
+    def _table_schema(self) -> Optional[pa.Schema]:
+        """The Arrow schema whose timestamp columns decide the partition values' form (the stream's, else the table's)."""
+        if self._schema is None:
+            dt = self.sink._table()
+            if dt is not None:
+                self._schema = pa.schema(dt.schema().to_arrow())
+        return self._schema
+
+    def committables(self, batch_id: int, attempt_uid: str, attempt_dir: str, *,
+                     partition_by: Optional[Sequence[str]] = None,
+                     expected_records: Optional[int] = None) -> list[DeltaCommittable]:
+        files = list_spark_output(attempt_dir, self.sink.partition_by if partition_by is None else partition_by)
         stats: dict[str, tuple[int, str]] = {}
 
         def measure(path: str) -> int:
@@ -189,21 +211,23 @@ class DeltaNativeTarget(NativeTarget):
             return stats[path][0]
 
         measured = make_durable(attempt_dir, files, measure=measure)
+        kept = keep_written("native_sink('delta')", batch_id, files, measured, exact=True, expected=expected_records)
+        schema = self._table_schema()
         root = self.sink.uri
         by_task: dict[str, list[dict[str, Any]]] = defaultdict(list)
         dirs: set[str] = set()
         now = int(time.time() * 1000)
-        for f, (size, records) in zip(files, measured):
+        for f, size, records in kept:
             seq = len(by_task[f.task])
             name = part_file_name(self.sink.sink_id, batch_id, f.task, attempt_uid, seq, f.ext)
             rel = f"{f.dir_rel}/{name}" if f.dir_rel else name
             staged = os.path.join(attempt_dir, f.rel)
+            values = _partition_values(f.dir_rel, schema)
             target = os.path.join(root, rel)
             makedirs_durable(os.path.dirname(target))
             os.rename(staged, target)  # into the table under a name no Delta version references yet
             dirs.add(os.path.dirname(target))
-            by_task[f.task].append({"path": rel, "rel": rel, "size": size,
-                                    "partition_values": _partition_values(f.dir_rel, self.sink.options.schema),
+            by_task[f.task].append({"path": rel, "rel": rel, "size": size, "partition_values": values,
                                     "modification_time": now, "stats": stats[staged][1], "records": records})
         for d in dirs:
             fsync_dir(d)

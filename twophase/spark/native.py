@@ -23,9 +23,13 @@ Per micro-batch (``foreachBatch`` calls the function on the driver with ``(df, b
    (Hadoop's FileOutputCommitter, algorithm 1: only committed task attempts' files are in the folder
    when ``save()`` returns; a failed or speculative attempt's files stay under ``_temporary``).
    Fault point ``after_spark_write``.
-4. list: the sink's target (:class:`NativeTarget`) lists the data files (``_SUCCESS``, ``_temporary``
-   and Hadoop's ``.crc`` files are skipped, as Spark's readers skip them), makes them durable (fsync),
-   and groups them per Spark task into committables whose final names carry the sink's token.
+4. list: the sink's target (:class:`NativeTarget`) lists the data files, descending exactly into the
+   ``<col>=<value>`` folders Spark made (whatever the value: Spark's readers hide ``_x``, ``.x`` and
+   ``x._COPYING_`` names, the sink must not); ``_SUCCESS``, ``_temporary`` and Hadoop's ``.crc`` files are
+   skipped. The records of the listed files must equal Spark's own count of the rows written (an
+   observation on the written frame), else the batch fails before anything is decided. An empty batch
+   commits no file (Spark writes one empty file for it). The files are made durable (fsync) and grouped
+   per Spark task into committables whose final names carry the sink's token.
 5. decide and commit: :meth:`CheckpointCoordinator.complete_batch` with one ack per Spark task (all
    sent by the driver): PENDING, COMPLETED (durable, fault points ``before_complete``,
    ``after_complete``), commit (``mid_commit``), COMMITTED (``after_commit``), sweep.
@@ -63,7 +67,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 from twophase import faults
 from twophase._logging import get_logger
 from twophase.coordinator import CheckpointCoordinator
-from twophase.errors import ConfigurationError
+from twophase.errors import ConfigurationError, TwoPhaseError
 from twophase.log import TransactionLog
 from twophase.log_store import fsync_dir
 from twophase.options import Option, parse_bool, parse_list, parse_options, parse_positive_int
@@ -71,7 +75,7 @@ from twophase.sink import Ack, Committable, Guarantee, SinkSpec
 from twophase.states import CheckpointState
 
 __all__ = ["NativeOptions", "NativeSink", "NativeTarget", "SparkFile", "native_options", "native_sink",
-           "list_spark_output", "NATIVE_TARGETS"]
+           "list_spark_output", "check_record_count", "keep_written", "NATIVE_TARGETS"]
 
 _log = get_logger(__name__)
 
@@ -207,8 +211,10 @@ def native_options(fmt: str, raw: Mapping[str, Any]) -> NativeOptions:
 
 # --------------------------------------------------------------------------- what Spark wrote
 
-#: Spark's data file names: part-<task:05d>-<job uuid>[_<n>].c<file:03d>[.<codec>].<ext>
-_SPARK_PART = re.compile(r"^part-(\d{5,})-[^.]*?\.c(\d{3,})\.(.+)$")
+#: Spark's data file names: part-<task:05d>-<job uuid>[_<bucket>](.|-)c<file:03d>[.<codec>].<ext>
+#: (Spark 4 writes ``-c000``, earlier versions ``.c000``)
+_SPARK_PART = re.compile(r"^part-(\d{5,})-.*[.-]c(\d{3,})(?:\.(.+))?$")
+_SPARK_TASK = re.compile(r"^part-(\d+)-")
 
 
 @dataclass(frozen=True)
@@ -225,38 +231,109 @@ class SparkFile:
     ext: str
 
 
-def _hidden(name: str) -> bool:
-    """Spark's own rule for names its file index skips: ``_x`` (but not a ``_col=v`` partition) and ``.x``."""
-    return (name.startswith("_") and "=" not in name) or name.startswith(".") or name.endswith("._COPYING_")
+def _spark_name(name: str) -> tuple[str, str]:
+    """``(task, ext)`` of a data file name Spark's writer chose."""
+    m = _SPARK_PART.match(name)
+    if m:
+        task, ext = m.group(1), m.group(3) or "data"
+    else:
+        t = _SPARK_TASK.match(name)
+        task, ext = (t.group(1) if t else "0"), (name.split(".", 1)[1] if "." in name else "data")
+    return str(int(task)), re.sub(r"[^a-z0-9.]", "", ext.lower()).strip(".") or "data"
 
 
-def list_spark_output(attempt_dir: str) -> list[SparkFile]:
+def _checksum_or_marker(name: str) -> bool:
+    """What Hadoop's writer adds beside the data files: ``.<file>.crc`` checksums, the ``_SUCCESS`` marker."""
+    return (name.startswith(".") and name.endswith(".crc")) or name in ("_SUCCESS", "_SUCCESS.crc")
+
+
+#: the characters Spark escapes in partition folder names (as %XX), besides control characters
+_PATH_ESCAPE = frozenset('"#%\'*/:=?\\\x7f{[]^')
+
+
+def partition_folder_prefix(column: str) -> str:
+    """The start of the folder names Spark's writer makes for partition column ``column`` (``<col>=``): the
+    name escaped as Spark escapes path names (``ExternalCatalogUtils.escapePathName``)."""
+    return "".join(f"%{ord(c):02X}" if c in _PATH_ESCAPE or ord(c) < 0x20 else c for c in column) + "="
+
+
+def list_spark_output(attempt_dir: str, partition_by: Sequence[str] = ()) -> list[SparkFile]:
     """The data files of a finished Spark write in ``attempt_dir``, in a stable order (invariant 2).
 
-    ``_SUCCESS``, ``_temporary`` (where failed and speculative attempts write) and Hadoop's ``.crc`` files
-    are skipped, as Spark's own readers skip them.
+    Descends exactly into the partition folders Spark makes, ``<col>=<value>`` for each of ``partition_by``
+    in order, WHATEVER the value (a value starting with ``_`` or ``.`` or ending in ``._COPYING_``, a column
+    named ``.p``: Spark's readers hide such folders, but they hold rows of the batch). Skipped: the
+    ``_temporary`` folder at the top (where failed and speculative attempts write: never committed by
+    Spark), Hadoop's ``.crc`` checksums and the ``_SUCCESS`` marker. Anything else where Spark puts no
+    such thing (a folder that is not the next ``<col>=``, a folder among the data files) is refused: it
+    cannot be placed, and skipping it could drop rows.
     """
+    prefixes = [partition_folder_prefix(c) for c in partition_by]
     out: list[SparkFile] = []
-    for dirpath, dirnames, filenames in os.walk(attempt_dir):
-        dirnames[:] = sorted(d for d in dirnames if not _hidden(d))
-        rel_dir = os.path.relpath(dirpath, attempt_dir)
-        rel_dir = "" if rel_dir == "." else rel_dir.replace(os.sep, "/")
-        for name in sorted(filenames):
-            if _hidden(name) or name.endswith(".crc"):
+
+    def walk(path: str, rel_dir: str, depth: int) -> None:
+        with os.scandir(path) as it:
+            entries = sorted(it, key=lambda e: e.name)
+        for e in entries:
+            is_dir = e.is_dir(follow_symlinks=False)
+            if depth == 0 and e.name == "_temporary" and is_dir:
                 continue
-            m = _SPARK_PART.match(name)
-            task, ext = (m.group(1), m.group(3)) if m else ("0", name.split(".", 1)[1] if "." in name else "data")
-            ext = re.sub(r"[^a-z0-9.]", "", ext.lower()) or "data"
-            out.append(SparkFile(f"{rel_dir}/{name}" if rel_dir else name, rel_dir, str(int(task)), ext))
+            if not is_dir and _checksum_or_marker(e.name):
+                continue
+            rel = f"{rel_dir}/{e.name}" if rel_dir else e.name
+            if depth < len(prefixes):
+                if is_dir and e.name.startswith(prefixes[depth]) and len(e.name) > len(prefixes[depth]):
+                    walk(e.path, rel, depth + 1)
+                    continue
+                raise TwoPhaseError(f"native_sink: Spark's write left {rel!r} in {attempt_dir} where only partition "
+                                    f"folders {prefixes[depth]}<value> belong (partitionBy={list(partition_by)}); "
+                                    "the batch is not committed")
+            if is_dir:
+                raise TwoPhaseError(f"native_sink: Spark's write left a folder {rel!r} among the data files in "
+                                    f"{attempt_dir} (partitionBy={list(partition_by)}); the batch is not committed")
+            task, ext = _spark_name(e.name)
+            out.append(SparkFile(rel, rel_dir, task, ext))
+
+    walk(attempt_dir, "", 0)
     return out
 
 
-def make_durable(attempt_dir: str, files: Sequence[SparkFile], *,
-                 measure: Optional[Callable[[str], int]] = None) -> list[tuple[int, int]]:
-    """fsync every listed file and every folder of ``attempt_dir`` (Spark's local writer does not);
-    returns ``(bytes, records)`` per file, records from ``measure`` (e.g. a Parquet footer) or 0."""
+def check_record_count(what: str, batch_id: int, listed: int, exact: bool, expected: Optional[int]) -> None:
+    """Compare the records of the listed files with Spark's own count of the rows the write took
+    (``expected``, from an observation on the written frame; None: not known). A mismatch with exact
+    per-file counts (Parquet and ORC footers, JSON lines) fails the batch before anything is decided:
+    committing would drop (or add) rows silently. Approximate counts (CSV) only log it."""
+    if expected is None or listed == expected:
+        return
+    if exact:
+        raise TwoPhaseError(f"{what}: batch {batch_id}: Spark wrote {expected} rows but the files listed in its "
+                            f"output hold {listed}; the batch is not committed (a file or partition folder was "
+                            "missed or added): report this with the output folder's listing")
+    _log.warning("native_record_count_differs", sink=what, checkpoint_id=batch_id, spark_rows=expected,
+                 counted=listed, why="records counted from the files are approximate for this format")
 
-    def one(f: SparkFile) -> tuple[int, int]:
+
+def keep_written(what: str, batch_id: int, files: Sequence[SparkFile], measured: Sequence[tuple[int, Optional[int]]],
+                 *, exact: bool, expected: Optional[int]) -> list[tuple[SparkFile, int, int]]:
+    """``(file, bytes, records)`` of the files to commit, after :func:`check_record_count` (records None: the
+    format's files could not be counted; then no check, and the file counts 0). Files of 0 records are
+    dropped where counts are exact, and every file when Spark counted 0 rows: Spark writes one empty
+    file (a schema-only Parquet, a CSV header) for an empty batch, which must commit nothing (a Delta
+    table gets no version for it)."""
+    counted = all(r is not None for _, r in measured)
+    check_record_count(what, batch_id, sum(r or 0 for _, r in measured), exact and counted,
+                       expected if counted else None)
+    if expected == 0:
+        return []
+    return [(f, size, int(r or 0)) for f, (size, r) in zip(files, measured) if not (exact and r == 0)]
+
+
+def make_durable(attempt_dir: str, files: Sequence[SparkFile], *,
+                 measure: Optional[Callable[[str], Optional[int]]] = None) -> list[tuple[int, Optional[int]]]:
+    """fsync every listed file and every folder of ``attempt_dir`` (Spark's local writer does not);
+    returns ``(bytes, records)`` per file, records from ``measure`` (e.g. a Parquet footer), None if unknown."""
+
+    def one(f: SparkFile) -> tuple[int, Optional[int]]:
         path = os.path.join(attempt_dir, f.rel)
         fd = os.open(path, os.O_RDONLY)
         try:
@@ -264,7 +341,7 @@ def make_durable(attempt_dir: str, files: Sequence[SparkFile], *,
             size = os.fstat(fd).st_size
         finally:
             os.close(fd)
-        return size, (measure(path) if measure is not None else 0)
+        return size, (measure(path) if measure is not None else None)
 
     if not files:
         return []
@@ -313,10 +390,19 @@ class NativeTarget(abc.ABC):
         """The columns Spark's writer partitions by (default: the option; Delta: the table's)."""
         return options.partition_by
 
+    def writer_settings(self) -> Mapping[str, str]:
+        """Options of Spark's writer the target needs (Delta: partition folder text in UTC)."""
+        return {}
+
     @abc.abstractmethod
-    def committables(self, batch_id: int, attempt_uid: str, attempt_dir: str) -> list[Committable]:
-        """The committables of what Spark wrote into ``attempt_dir``: durable, one per Spark task, each file
-        with its final name (invariant 2). Nothing is visible yet."""
+    def committables(self, batch_id: int, attempt_uid: str, attempt_dir: str, *,
+                     partition_by: Optional[Sequence[str]] = None,
+                     expected_records: Optional[int] = None) -> list[Committable]:
+        """The committables of what Spark wrote into ``attempt_dir`` (partitioned by ``partition_by``, None: the
+        target's :meth:`partition_columns`): durable,
+        one per Spark task, each file with its final name (invariant 2). Nothing is visible yet.
+        ``expected_records``: Spark's own count of the rows written (:func:`check_record_count`); 0 commits
+        no file (an empty batch: Spark still writes one empty file)."""
 
 
 def load_target(options: NativeOptions) -> NativeTarget:
@@ -382,11 +468,13 @@ class NativeSink:
             return
         attempt_uid = uuid.uuid4().hex[:12]
         attempt = self.target.attempt_dir(batch_id, attempt_uid)
+        partition_by = self.target.partition_columns(self.options)
         prepared = time.perf_counter()
-        self._spark_write(df, sc, attempt, batch_id)  # step 3
+        rows = self._spark_write(df, sc, attempt, batch_id, partition_by)  # step 3
         written = time.perf_counter()
         faults.maybe_crash("after_spark_write", batch_id)
-        committables = self.target.committables(batch_id, attempt_uid, attempt)  # step 4
+        committables = self.target.committables(batch_id, attempt_uid, attempt, partition_by=partition_by,
+                                                expected_records=rows)  # step 4
         acks = [Ack(batch_id, c.task_id, attempt_uid, c.to_json(), c.records, query_id) for c in committables]
         CheckpointCoordinator(self.spec, log, sweep_after_commit=True).complete_batch(  # step 5
             batch_id, acks, expected_tasks=[c.task_id for c in committables])
@@ -436,23 +524,37 @@ class NativeSink:
         highest = log.highest_committed()
         return highest is not None and batch_id < highest
 
-    def _spark_write(self, df: Any, sc: Any, attempt: str, batch_id: int) -> None:
-        """Step 3: Spark's writer, into the attempt's private folder, in a job group of its own."""
+    def _spark_write(self, df: Any, sc: Any, attempt: str, batch_id: int, partition_by: Sequence[str]) -> Optional[int]:
+        """Step 3: Spark's writer, into the attempt's private folder, in a job group of its own. Returns Spark's
+        count of the rows written (an observation on the written frame: no second pass), None if unknown."""
         props = {"spark.jobGroup.id": self.job_group(batch_id),
                  "spark.job.description": f"twophase native write of batch {batch_id} to {self.options.path}"}
         old = {k: sc.getLocalProperty(k) for k in props}
         for k, v in props.items():
             sc.setLocalProperty(k, v)
         try:
+            observation = None
+            try:
+                from pyspark.sql import Observation
+                from pyspark.sql import functions as F
+                observation = Observation(f"twophase_native_{uuid.uuid4().hex[:12]}")
+                df = df.observe(observation, F.count(F.lit(1)).alias("records"))
+            except Exception as e:  # pragma: no cover - an older PySpark: no count check
+                _log.warning("native_observe_unavailable", sink_id=self.sink_id, error=str(e))
+                observation = None
             w = df.write.format(self.target.spark_format).mode("errorifexists")
-            for k, v in {**self.options.writer_options, **COMMITTER_SETTINGS}.items():
+            settings = {**self.options.writer_options, **self.target.writer_settings(), **COMMITTER_SETTINGS}
+            for k, v in settings.items():
                 w = w.option(k, v)
-            partition_by = self.target.partition_columns(self.options)
             if partition_by:
                 w = w.partitionBy(*partition_by)
             self.stats.spark_writes.append(batch_id)
             _log.info("native_spark_write", sink_id=self.sink_id, checkpoint_id=batch_id, attempt=attempt)
             w.save("file://" + attempt)
+            if observation is None:
+                return None
+            got = observation.get.get("records")
+            return None if got is None else int(got)
         finally:
             for k, v in old.items():
                 sc.setLocalProperty(k, v)
