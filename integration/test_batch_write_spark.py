@@ -102,8 +102,10 @@ def test_batch_write_a_commit_failing_after_the_decision_is_finished_by_sparks_a
         def writer(self, schema, overwrite):
             return TornCommitWriter(super().writer(schema, overwrite).job)
 
-    spark.dataSource.register(TornCommitSource)
-    w = _ids(spark, 0, 900).write.format("twophase-file-torn-commit").mode("append").option("path", out)
+    from integration.spark_session import make_spark
+    root = make_spark("twophase-batch-write-tests", new_session=False)  # a newSession() does not find it
+    root.dataSource.register(TornCommitSource)
+    w = _ids(root, 0, 900).write.format("twophase-file-torn-commit").mode("append").option("path", out)
     with pytest.raises(Exception, match="injected EIO"):
         w.option("writeId", "torn").save()
     assert os.path.exists(marker), "the commit never ran"
