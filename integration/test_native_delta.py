@@ -144,6 +144,70 @@ def test_native_delta_check_constraint_table_refused_before_writing(spark, tmp_p
     assert sink.stats.spark_writes == [] and delta_ids(table) == []
 
 
+def test_native_delta_timestamp_partition_values_are_utc_instants_in_any_session_time_zone(spark, tmp_path):
+    """Partitioned by a timestamp column in a session whose time zone is not UTC: the table's partition values
+    are Delta's UTC instants (``2024-01-01T10:00:00.000000Z``) and deltalake and pyarrow read back the exact
+    instants of the rows. Before the fix Spark's folder text in the session's zone (``2024-01-01 05:00:00``, no
+    offset) was stored, and the rows read back five hours early."""
+    import datetime as dt
+    import pyarrow as pa
+    import pyspark.sql.functions as F
+    import twophase.spark
+    inp, table, ck = str(tmp_path / "in"), str(tmp_path / "table"), str(tmp_path / "ck")
+    ids = make_input(inp, 2, 30)
+    base = 1704103200  # 2024-01-01T10:00:00Z
+    sink = twophase.spark.native_sink("delta", path=table, checkpointLocation=ck, partitionBy=["ts"])
+    old = spark.conf.get("spark.sql.session.timeZone")
+    spark.conf.set("spark.sql.session.timeZone", "America/New_York")
+    try:
+        run_foreach_batch(spark, inp, sink, ck, transform=lambda df: df.select(
+            "id", F.timestamp_micros(F.lit(base * 1_000_000) + (F.col("id") % 4) * 3_600_000_123).alias("ts")))
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", old)
+    epoch = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+
+    def instant(i: int) -> dt.datetime:
+        return epoch + dt.timedelta(microseconds=base * 1_000_000 + (i % 4) * 3_600_000_123)
+    d = deltalake.DeltaTable(table)
+    got = d.to_pyarrow_table().to_pylist()
+    assert sorted(r["id"] for r in got) == sorted(ids)
+    assert all(r["ts"] == instant(r["id"]) for r in got), [(r["id"], r["ts"]) for r in got][:4]
+    via_arrow = d.to_pyarrow_dataset().to_table().to_pylist()
+    assert all(r["ts"] == instant(r["id"]) for r in via_arrow), [(r["id"], r["ts"]) for r in via_arrow][:4]
+    values = set(pa.table(d.get_add_actions(flatten=True)).column("partition.ts").to_pylist())
+    assert {v.astimezone(dt.timezone.utc) if hasattr(v, "astimezone") else v for v in values} == {
+        instant(i) for i in range(4)}, values
+    assert delta_leftovers(table) == []
+
+
+def test_native_delta_partition_values_spark_readers_hide_are_committed_and_empty_batches_add_no_version(
+        spark, tmp_path):
+    """Partition values that Spark's readers hide (``_g0``, ``.g1``, ``g2._COPYING_``) are committed: every row
+    reads back. Spark's count of the written rows is checked against the files' footers. A micro-batch with
+    no rows adds no Delta version (Spark writes an empty file for it). Before the fix the rows of those
+    partitions were silently dropped (0 files listed) and the empty batch made a version with an empty file."""
+    import pyspark.sql.functions as F
+    import twophase.spark
+    inp, table, ck = str(tmp_path / "in"), str(tmp_path / "table"), str(tmp_path / "ck")
+    ids = make_input(inp, 3, 30)  # the third file (ids 60-89) is filtered out: an empty batch
+    sink = twophase.spark.native_sink("delta", path=table, checkpointLocation=ck, partitionBy=["part"])
+    run_foreach_batch(spark, inp, sink, ck, transform=lambda df: df.filter(F.col("id") < 60).select(
+        "id", F.when(F.col("grp") == "g0", "_g0").when(F.col("grp") == "g1", ".g1")
+        .otherwise("g2._COPYING_").alias("part")))
+    assert sink.stats.spark_writes == [0, 1, 2]
+    expected = [i for i in ids if i < 60]
+    report = check_exactly_once(expected, delta_ids(table))
+    assert report.ok, report.line()
+    d = deltalake.DeltaTable(table)
+    appends = [h for h in d.history() if h.get("operation") == "WRITE"]
+    versioned = sorted(h["twophase.checkpoint_id"] for h in appends)
+    assert len(versioned) == 2, f"the empty batch made a version: {versioned}"
+    (empty,) = {0, 1, 2} - set(versioned)  # Spark orders same-age input files as it likes
+    rec = _log(table).get(empty)
+    assert rec is not None and rec.state.value == "COMMITTED" and not any(h.get("files") for h in rec.handles.values())
+    assert delta_leftovers(table) == []
+
+
 # ---- the crash chain
 
 FILES, ROWS = 1 + len(POINTS) + 1, 60

@@ -153,3 +153,38 @@ def test_native_formats_orc_json_csv(spark, tmp_path, fmt, options):
     if fmt == "orc":  # records counted from the footers
         assert sum(h["records"] for h in rec.handles.values()) == 60
     shutil.rmtree(out)
+
+
+def test_native_partition_folders_spark_readers_hide_are_committed_and_records_counted(spark, tmp_path):
+    """A partition column named ``.p`` and values Spark's readers hide (``_x``, ``.x``, ``x._COPYING_``): every
+    row is committed (read here file by file: Spark's and pyarrow's readers hide those folders), JSON records
+    are counted, and an empty micro-batch commits no file. Before the fix the listing skipped the hidden
+    folders: the batch committed 0 files and its rows were lost; JSON batches recorded 0 records."""
+    import json
+    import pyspark.sql.functions as F
+    import twophase.spark
+    inp, out, ck = str(tmp_path / "in"), str(tmp_path / "out"), str(tmp_path / "ck")
+    ids = make_input(inp, 3, 30)  # ids 60-89 filtered out: the third batch is empty
+    sink = twophase.spark.native_sink("json", path=out, checkpointLocation=ck, partitionBy=[".p", "q"])
+    run_foreach_batch(spark, inp, sink, ck, transform=lambda df: df.filter(F.col("id") < 60).select(
+        "id", F.when(F.col("grp") == "g0", "_x").when(F.col("grp") == "g1", ".x").otherwise("x._COPYING_").alias(".p"),
+        (F.col("id") % 2).cast("string").alias("q")))
+    got = []
+    for d, _, names in os.walk(out):
+        if "_twophase" in d:
+            continue
+        for n in names:
+            with open(os.path.join(d, n)) as f:
+                got += [json.loads(line)["id"] for line in f if line.strip()]
+    expected = [i for i in ids if i < 60]
+    report = check_exactly_once(expected, got)
+    assert report.ok, report.line()
+    assert {e for e in os.listdir(out) if e != "_twophase"} == {".p=_x", ".p=.x", ".p=x._COPYING_"}
+    assert all(sorted(os.listdir(os.path.join(out, e))) == ["q=0", "q=1"] for e in os.listdir(out) if e != "_twophase")
+    log = _log(out)
+    recs = [log.get(b) for b in (0, 1, 2)]  # Spark orders same-age input files as it likes
+    assert all(r is not None and r.state.value == "COMMITTED" for r in recs)
+    assert sorted(sum(h["records"] for h in r.handles.values()) for r in recs) == [0, 30, 30]
+    empty = [r for r in recs if sum(h["records"] for h in r.handles.values()) == 0]
+    assert not any(h.get("files") for h in empty[0].handles.values()), "the empty batch committed a file"
+    assert staging_leftovers(out) == []
