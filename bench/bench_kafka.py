@@ -13,7 +13,7 @@ transaction, COMMITTED record) is read from the transaction log's timestamps (CO
 
 The kafka-python run is ~30x slower, so it runs one round of ``--kp-rows`` records per batch.
 
-Without --bootstrap (or KAFKA_BOOTSTRAP_SERVERS) a local noida-db broker is started for the run.
+Without --bootstrap (or KAFKA_BOOTSTRAP_SERVERS) a local Apache Kafka broker (scripts/kafka_server.sh) is started for the run.
 """
 
 from __future__ import annotations
@@ -49,8 +49,7 @@ def run_spark(spark, bootstrap: str, mode: str, rows: int, batches: int, partiti
     ck = os.path.join(tmp, unique(f"ck-{mode}"))
     options = {"kafka.bootstrap.servers": bootstrap, "topic": topic, "checkpointLocation": ck,
                "guarantee": guarantee, "prefixRegistry": os.path.join(tmp, "registry"),
-               "transactionalIdPrefix": unique("bench"), "kafkaClient": client,
-               "kafka.transaction.timeout.ms": "900000"}
+               "transactionalIdPrefix": unique("bench"), "kafkaClient": client}
     df = (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", rows)
           .option("numPartitions", partitions).load()
           .selectExpr("CAST(value AS STRING) AS key",

@@ -9,7 +9,7 @@ measured in the same run.
 
     python bench/bench_kafka_read.py [--records 500000] [--bootstrap H:P]
 
-Without --bootstrap (or KAFKA_BOOTSTRAP_SERVERS) a local noida-db broker is started for the run.
+Without --bootstrap (or KAFKA_BOOTSTRAP_SERVERS) a local Apache Kafka broker (scripts/kafka_server.sh) is started for the run.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up (if needed) and run the whole test suite: fast tests (tests/) and the integration tests
 # (integration/) against real Spark and the servers the fixtures start themselves (a Kafka broker
-# from noida-db, an S3 server). Extra arguments go to pytest (e.g. -k crash, -m "not slow").
+# from Apache Kafka, an S3 server). Extra arguments go to pytest (e.g. -k crash, -m "not slow").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

@@ -54,6 +54,11 @@ def choose_default_timeout(client: Any, probe_id: str, *, key: Hashable, sink_id
     return chosen
 
 
+def chosen_timeout(*, key: Hashable) -> Optional[int]:
+    """The timeout :func:`choose_default_timeout` chose for ``key`` in this process, if it ran (no request)."""
+    return _CHOSEN.get(key)
+
+
 def check_timeout_against_trigger(timeout_ms: int, interval_ms: int, *, chosen: bool = False) -> None:
     """A transaction timeout shorter than two trigger intervals loses prepared batches: refuse it."""
     if timeout_ms >= 2 * interval_ms:

@@ -98,7 +98,8 @@ Invariants (``test_kafka_sink_invN_*``):
    broker gives it: one driver outage of the same length and it expires) it is still committed, and
    the next batch is refused at prepare_sink, before it writes, with an error naming the measured
    age and the setting, until the timeout is at least twice that age (never while a COMPLETED
-   checkpoint awaits recovery: committing it comes first). The alarm is the object
+   checkpoint awaits recovery: committing it comes first). A commit made by recovery measures the driver's
+   outage, not the batch: it logs ``transaction_aged_by_outage`` and raises no alarm. The alarm is the object
    ``timeout-alarm/timeout-alarm.json`` under the sink's transaction log location (local, shared or
    S3; a store of its own, whose lock a commit can take while the coordinator holds the log's),
    written and cleared by compare-and-swap, so a driver restarted on another host still sees it;
@@ -141,7 +142,7 @@ from twophase.errors import (ConcurrentWriterError, ConfigurationError, FencedEr
 from twophase.log import LogStore, TransactionLog, decode_record, encode_record
 from twophase.log_s3 import S3_CLIENT_OPTIONS, S3Config, is_s3_url, open_log_store, parse_s3_url, s3_config_from
 from twophase.options import Option, parse_choice, parse_duration_ms, parse_positive_int, parse_options
-from twophase.sinks._kafka_timeout import check_timeout_against_trigger, choose_default_timeout
+from twophase.sinks._kafka_timeout import check_timeout_against_trigger, choose_default_timeout, chosen_timeout
 from twophase.sink import (Committable, CommitResult, CommitStatus, Guarantee, SinkCommitter, SinkSpec, SinkWriter,
                            TransactionContext, sink_token, write_identity, write_sink_id)
 
@@ -541,6 +542,13 @@ class KafkaSink(SinkSpec[KafkaCommittable]):
             return self.options.transaction_timeout_ms
         return choose_default_timeout(self._client(), f"{self.prefix}-timeout-check",
                                       key=(self.options.bootstrap_servers, self.prefix), sink_id=self.sink_id)
+
+    def known_timeout_ms(self) -> Optional[int]:
+        """The transaction timeout as far as known without asking the brokers (for a handle's age check):
+        explicit or pinned, else the choice this process made when it created a producer, else None."""
+        if self.options.transaction_timeout_explicit:
+            return self.options.transaction_timeout_ms
+        return chosen_timeout(key=(self.options.bootstrap_servers, self.prefix))
 
     def _timeout_refused(self) -> ConfigurationError:
         timeout = self.options.transaction_timeout_ms
@@ -944,7 +952,7 @@ class KafkaPythonWriter(_KafkaWriterBase):
         committable = KafkaCommittable(
             checkpoint_id=c.checkpoint_id, task_id=c.task_id, attempt_uid=c.attempt_uid, records=txn.records,
             guarantee=self.sink.guarantee.value, transactional_id=txn.transactional_id, partitions=partitions,
-            began_at=txn.began_at, timeout_ms=self.sink.effective_timeout_ms(), producer_id=producer_id,
+            began_at=txn.began_at, timeout_ms=self.sink.known_timeout_ms(), producer_id=producer_id,
             epoch=epoch)
         # end the task without committing or aborting: close only stops the sender thread
         producer.close(timeout=5)
@@ -1206,7 +1214,7 @@ class KafkaWriter(_KafkaWriterBase):
         committable = KafkaCommittable(
             checkpoint_id=c.checkpoint_id, task_id=c.task_id, attempt_uid=c.attempt_uid, records=txn.records,
             guarantee=self.sink.guarantee.value, transactional_id=txn.transactional_id, partitions=partitions,
-            began_at=txn.began_at, timeout_ms=self.sink.effective_timeout_ms(), producer_id=txn.producer_id,
+            began_at=txn.began_at, timeout_ms=self.sink.known_timeout_ms(), producer_id=txn.producer_id,
             epoch=txn.epoch)
         # the task ends without committing or aborting: the producer is dropped, NEVER closed (close() aborts)
         txn.producer = None
@@ -1247,7 +1255,7 @@ class KafkaCommitter(SinkCommitter[KafkaCommittable]):
         if c.guarantee == Guarantee.AT_LEAST_ONCE.value or not c.partitions:
             return CommitResult(c, CommitStatus.COMMITTED)
         from twophase.sinks._kafka_txn import EndTxnOutcome, verify_committed
-        self._check_age(c)
+        self._check_age(c, recovering=recovering)
         outcome = self.sink._client().end_txn(c.transactional_id, int(c.producer_id), int(c.epoch), commit=True)
         if outcome is EndTxnOutcome.OK:
             self.sink._forget(c.transactional_id, int(c.epoch))
@@ -1271,13 +1279,22 @@ class KafkaCommitter(SinkCommitter[KafkaCommittable]):
             f"re-producing or giving up that data, record the loss with: twophase log resolve {location} "
             f"--sink-id {self.sink.sink_id} --checkpoint {c.checkpoint_id} --accept-loss"))
 
-    def _check_age(self, committable: KafkaCommittable) -> None:
-        """Invariant 7: the measured age of a committable at commit against its transaction timeout."""
+    def _check_age(self, committable: KafkaCommittable, *, recovering: bool = False) -> None:
+        """Invariant 7: the measured age of a committable at commit against its transaction timeout.
+
+        A commit made by recovery (the driver restarted after an outage) measures the outage, not the batch:
+        it warns with the age reached and never raises the alarm that would stop the next, healthy batch."""
         began, timeout = committable.began_at, committable.timeout_ms
         if not began or not timeout:
             return
         age_ms = (time.time() - float(began)) * 1000
         if age_ms <= WARN_AGE_FRACTION * float(timeout):
+            return
+        if recovering:
+            _log.warning("transaction_aged_by_outage", transactional_id=committable.transactional_id,
+                         checkpoint_id=committable.checkpoint_id, age_ms=round(age_ms), transaction_timeout_ms=timeout,
+                         meaning="recovery commits a batch decided before the driver stopped: its age is the outage; "
+                                 "an outage longer than kafka.transaction.timeout.ms loses the batch (DataLossError)")
             return
         _log.warning("transaction_near_timeout", transactional_id=committable.transactional_id,
                      checkpoint_id=committable.checkpoint_id, age_ms=round(age_ms), transaction_timeout_ms=timeout,

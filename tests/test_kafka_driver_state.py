@@ -206,3 +206,18 @@ def test_kafka_sink_default_id_of_an_s3_checkpoint_is_the_same_on_every_host(tmp
     _host(monkeypatch, tmp_path, "host-b")
     assert KafkaSinkOptions.from_options(raw, SCHEMA).sink_id == a
     assert KafkaSinkOptions.from_options({**raw, "checkpointLocation": "s3://bkt/ck/"}, SCHEMA).sink_id == a
+
+
+def test_kafka_sink_inv7_recovery_commit_after_an_outage_warns_and_raises_no_alarm(tmp_path, monkeypatch, caplog):
+    """A commit made by recovery measures the driver's outage, not the batch: a handle aged 50 s of a 60 s
+    timeout committed while recovering logs ``transaction_aged_by_outage`` and the next batch is not refused
+    (it was, with a ConfigurationError, before: any outage over half the timeout stopped a healthy query)."""
+    _host(monkeypatch, tmp_path, "host-a")
+    caplog.set_level("WARNING")
+    sink = KafkaSink.from_options(_raw(tmp_path), SCHEMA)
+    sink.create_committer()._check_age(_slow_handle(sink, 50), recovering=True)
+    assert not os.path.exists(os.path.join(sink.log_location(), ALARM_STORE, ALARM_OBJECT))
+    assert any("transaction_aged_by_outage" in r.getMessage() for r in caplog.records)
+    sink._check_age_alarm()  # the next batch goes on
+    sink.create_committer()._check_age(_slow_handle(sink, 50))  # the same age measured by a live batch: alarm
+    assert os.path.exists(os.path.join(sink.log_location(), ALARM_STORE, ALARM_OBJECT))

@@ -3,11 +3,12 @@
 Where the broker comes from, in order:
 
 1. ``KAFKA_BOOTSTRAP_SERVERS`` when set (an existing cluster; nothing is started or stopped);
-2. a testcontainers Kafka when a Docker engine answers (testcontainers is imported lazily; without an
-   engine this path is skipped cleanly);
-3. a local noida-db broker: its server binary run directly on a free port with a temp data dir, in a
-   session of its own, stopped by PID afterwards. That broker never expires abandoned transactions,
-   so no test waits for a transaction timeout.
+2. by default, Apache Kafka itself (:mod:`integration.kafka.apache_kafka`: KRaft, a combined broker and
+   controller run from Maven Central jars by ``scripts/kafka_server.sh``, with Kafka's default settings,
+   on a free port, stopped by PID). A green Kafka suite is green on Apache Kafka;
+3. ``TWOPHASE_KAFKA=docker``: a testcontainers Kafka (for machines with a Docker engine);
+4. ``TWOPHASE_KAFKA=noida``: noida-db, the lenient stand-in of earlier versions (it answers NoError to an
+   EndTxn with a wrong producer id or after an abort and never expires a transaction). No test needs it.
 """
 
 from __future__ import annotations
@@ -70,15 +71,17 @@ def kafka_broker() -> Iterator[str]:
     if env:
         yield env
         return
-    if _docker_answers():
-        try:
-            from testcontainers.kafka import KafkaContainer  # type: ignore
-        except ImportError:
-            KafkaContainer = None
-        if KafkaContainer is not None:
-            with KafkaContainer() as kc:
-                yield kc.get_bootstrap_server()
-            return
+    choice = os.environ.get("TWOPHASE_KAFKA", "apache")
+    if choice == "docker" and _docker_answers():
+        from testcontainers.kafka import KafkaContainer  # type: ignore
+        with KafkaContainer() as kc:
+            yield kc.get_bootstrap_server()
+        return
+    if choice != "noida":
+        from integration.kafka.apache_kafka import apache_kafka_broker
+        with apache_kafka_broker() as bootstrap:
+            yield bootstrap
+        return
     binary = _noida_binary()
     if binary is None:
         import pytest

@@ -44,7 +44,6 @@ def main() -> int:
     w = (df.selectExpr("key", "value").writeStream.format("twophase-kafka")
          .option("kafka.bootstrap.servers", args.bootstrap).option("topic", args.out_topic)
          .option("checkpointLocation", args.checkpoint).option("guarantee", args.guarantee)
-         .option("kafka.transaction.timeout.ms", "900000")  # the broker default max (the sink default: 1 h)
          .trigger(availableNow=True))
     if args.prefix:
         w = w.option("transactionalIdPrefix", args.prefix)

@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
 import uuid
 
 import pytest
@@ -113,3 +114,89 @@ def test_kafka_quick_start_runs_as_written_on_a_default_apache_kafka(default_bro
     assert res.returncode == 0, res.stderr[-4000:]
     got = json.loads(res.stdout.strip().splitlines()[-1])
     assert got == {"records": 500, "distinct": 500}, got
+
+
+# ---- what a real broker does that the old stand-in did not (issue 22 section 2)
+
+CHILD = textwrap.dedent('''
+    import json, sys
+    from integration.kafka.broker import key_value_batch
+    from twophase.coordinator import CheckpointCoordinator
+    from twophase.sink import TransactionContext, run_task
+    from twophase.sinks.kafka import KafkaSink
+    from twophase.spark.datasource import prepare_sink
+    raw = json.loads(sys.argv[1])
+    sink = KafkaSink.from_options(raw)
+    prepare_sink(sink, raw["checkpointLocation"], what="expiry-test")
+    ack = run_task(sink, TransactionContext(sink.sink_id, 0, "0", 0), [key_value_batch("lost", 10)])
+    print(json.dumps(ack.handle), flush=True)
+    CheckpointCoordinator(sink).complete_batch(0, [ack], ["0"])   # TWOPHASE_FAULT=after_complete kills here
+''')
+
+
+def test_kafka_transaction_expired_by_the_broker_is_named_loss_then_accept_loss_goes_on(kafka_bootstrap, tmp_path):
+    """The driver dies after the checkpoint is decided; the broker aborts the prepared transaction when its
+    timeout passes. The restart must raise DataLossError naming the checkpoint and ``twophase log resolve``
+    (never a silent skip); after ``--accept-loss`` the next batch commits."""
+    from integration.kafka.broker import committed_values, create_topic, key_value_batch, unique
+    from twophase.coordinator import CheckpointCoordinator
+    from twophase.errors import DataLossError
+    from twophase.sink import TransactionContext, run_task
+    from twophase.sinks.kafka import KafkaSink
+    from twophase.spark.datasource import prepare_sink
+
+    topic = create_topic(kafka_bootstrap, unique("expiry"), 2)
+    raw = {"kafka.bootstrap.servers": kafka_bootstrap, "topic": topic, "checkpointLocation": str(tmp_path / "ck"),
+           "prefixRegistry": str(tmp_path / "registry"), "transactionalIdPrefix": unique("exp"),
+           "kafka.transaction.timeout.ms": "3000"}
+    env = {**os.environ, "TWOPHASE_FAULT": "after_complete", "PYTHONPATH": str(ROOT)}
+    child = subprocess.run([sys.executable, "-c", CHILD, json.dumps(raw)], capture_output=True, text=True,
+                           timeout=120, env=env, start_new_session=True, cwd=str(ROOT))
+    assert child.returncode == -9, child.stderr[-3000:]           # killed at after_complete
+    handle = json.loads(child.stdout.strip().splitlines()[-1])
+    sink = KafkaSink.from_options(raw)
+    deadline = time.time() + 60                                    # the broker's abort of the expired transaction
+    while time.time() < deadline:
+        state = sink._client().describe([handle["transactional_id"]])[handle["transactional_id"]]
+        if state is not None and state.state != "Ongoing":
+            break
+        time.sleep(1)
+    else:
+        raise AssertionError("the broker never expired the transaction")
+    with pytest.raises(DataLossError) as e:
+        prepare_sink(sink, raw["checkpointLocation"], what="restart")
+    assert "checkpoint 0" in str(e.value) and "twophase log resolve" in str(e.value) and "--accept-loss" in str(e.value)
+    with pytest.raises(DataLossError):                             # every restart stops there until resolved
+        prepare_sink(KafkaSink.from_options(raw), raw["checkpointLocation"], what="restart")
+    log = sink.transaction_log()
+    res = subprocess.run([sys.executable, "-m", "twophase.cli", "log", "resolve", log.location, "--sink-id",
+                          sink.sink_id, "--checkpoint", "0", "--accept-loss", "--reason", "expired in test"],
+                         capture_output=True, text=True, timeout=120, cwd=str(ROOT))
+    assert res.returncode == 0, res.stderr
+    sink = KafkaSink.from_options(raw)
+    prepare_sink(sink, raw["checkpointLocation"], what="after resolve")
+    ack = run_task(sink, TransactionContext(sink.sink_id, 1, "0", 0), [key_value_batch("kept", 10)])
+    assert CheckpointCoordinator(sink).complete_batch(1, [ack], ["0"]) == "COMMITTED"
+    assert committed_values(kafka_bootstrap, topic) == sorted(f"kept-{i}".encode() for i in range(10))
+
+
+def test_kafka_task_that_produced_nothing_commits_as_a_no_op(kafka_bootstrap, tmp_path):
+    """Apache Kafka answers an EndTxn of a transaction with no partitions with an error: a task that wrote no
+    record must still ack and commit, never fail the batch."""
+    from integration.kafka.broker import committed_values, create_topic, key_value_batch, unique
+    from twophase.coordinator import CheckpointCoordinator
+    from twophase.sink import TransactionContext, run_task
+    from twophase.sinks.kafka import KafkaSink
+    from twophase.spark.datasource import prepare_sink
+
+    topic = create_topic(kafka_bootstrap, unique("empty"), 2)
+    for client in ("librdkafka", "kafka-python"):
+        raw = {"kafka.bootstrap.servers": kafka_bootstrap, "topic": topic,
+               "checkpointLocation": str(tmp_path / f"ck-{client}"), "prefixRegistry": str(tmp_path / "registry"),
+               "transactionalIdPrefix": unique("empty"), "kafkaClient": client}
+        sink = KafkaSink.from_options(raw)
+        prepare_sink(sink, raw["checkpointLocation"], what="test")
+        empty = run_task(sink, TransactionContext(sink.sink_id, 0, "0", 0), [])
+        full = run_task(sink, TransactionContext(sink.sink_id, 0, "1", 0), [key_value_batch(client, 3)])
+        assert CheckpointCoordinator(sink).complete_batch(0, [empty, full], ["0", "1"]) == "COMMITTED"
+    assert len(committed_values(kafka_bootstrap, topic)) == 6

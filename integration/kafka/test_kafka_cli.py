@@ -36,8 +36,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def env(kafka_bootstrap, tmp_path, registry):
     topic = create_topic(kafka_bootstrap, unique("cli"), 2)
     raw = {"kafka.bootstrap.servers": kafka_bootstrap, "topic": topic, "checkpointLocation": str(tmp_path / "ck"),
-           "prefixRegistry": registry, "transactionalIdPrefix": unique("p"),
-           "kafka.transaction.timeout.ms": "900000"}
+           "prefixRegistry": registry, "transactionalIdPrefix": unique("p")}
     return raw, topic
 
 

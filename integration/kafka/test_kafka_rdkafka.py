@@ -26,8 +26,7 @@ SCHEMA = pa.schema([("key", pa.binary()), ("value", pa.binary())])
 def raw(kafka_bootstrap, tmp_path, registry):
     topic = create_topic(kafka_bootstrap, unique("rd"), 2)
     return {"kafka.bootstrap.servers": kafka_bootstrap, "topic": topic, "checkpointLocation": str(tmp_path / "ck"),
-            "prefixRegistry": registry, "transactionalIdPrefix": unique("rd"),
-            "kafka.transaction.timeout.ms": "900000"}
+            "prefixRegistry": registry, "transactionalIdPrefix": unique("rd")}
 
 
 def _batch(tag: str, n: int) -> pa.RecordBatch:

@@ -28,9 +28,7 @@ def env(kafka_bootstrap, tmp_path, registry, request):
     """Every test runs with both producers (option kafkaClient)."""
     topic = create_topic(kafka_bootstrap, unique("out"), 2)
     raw = {"kafka.bootstrap.servers": kafka_bootstrap, "topic": topic, "checkpointLocation": str(tmp_path / "ck"),
-           "prefixRegistry": registry, "transactionalIdPrefix": unique("p"), "kafkaClient": request.param,
-           # the broker's default transaction.max.timeout.ms (noida-db's too); the sink's default is 1 h
-           "kafka.transaction.timeout.ms": "900000"}
+           "prefixRegistry": registry, "transactionalIdPrefix": unique("p"), "kafkaClient": request.param}
     return raw, topic
 
 

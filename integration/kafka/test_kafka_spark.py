@@ -30,8 +30,7 @@ def _pipeline(spark, bootstrap, src, dst, ck, registry, *, max_offsets=None, ext
         r = r.option("maxOffsetsPerTrigger", max_offsets)
     w = (r.load().selectExpr("key", "value").writeStream.format("twophase-kafka")
          .option("kafka.bootstrap.servers", bootstrap).option("topic", dst)
-         .option("checkpointLocation", ck).option("prefixRegistry", registry).trigger(availableNow=True)
-         .option("kafka.transaction.timeout.ms", "900000"))  # the broker default max (the sink default: 1 h)
+         .option("checkpointLocation", ck).option("prefixRegistry", registry).trigger(availableNow=True))
     for k, v in (extra or {}).items():
         w = w.option(k, v)
     q = w.start()
@@ -90,8 +89,7 @@ def _rate_query(spark, options: dict, ck: str):
     w = df.selectExpr("CAST(value AS STRING) AS value").writeStream.format("twophase-kafka")
     for k, v in options.items():
         w = w.option(k, v)
-    return (w.option("checkpointLocation", ck).option("kafka.transaction.timeout.ms", "900000")
-            .trigger(processingTime="1 second").start())
+    return (w.option("checkpointLocation", ck).trigger(processingTime="1 second").start())
 
 
 def _failure(q, timeout: float) -> str:
@@ -229,7 +227,7 @@ def test_kafka_batch_write_with_a_write_id_commits_once(spark, kafka_bootstrap, 
 
     def write(**extra):
         w = (df.write.format("twophase-kafka").mode("append").option("kafka.bootstrap.servers", kafka_bootstrap)
-             .option("topic", dst).option("prefixRegistry", registry).option("kafka.transaction.timeout.ms", "900000"))
+             .option("topic", dst).option("prefixRegistry", registry))
         for k, v in extra.items():
             w = w.option(k, v)
         w.save()

@@ -51,8 +51,7 @@ def test_kafka_sink_inv4_retried_attempt_commits_exactly_once(spark, kafka_boots
     prefix = unique("retry")
     q = (df.writeStream.format("twophase-kafka").option("kafka.bootstrap.servers", kafka_bootstrap)
          .option("topic", dst).option("checkpointLocation", str(tmp_path / "ck")).option("prefixRegistry", registry)
-         .option("transactionalIdPrefix", prefix).option("kafka.transaction.timeout.ms", "900000")
-         .trigger(availableNow=True).start())
+         .option("transactionalIdPrefix", prefix).trigger(availableNow=True).start())
     assert q.awaitTermination(180)
     assert q.exception() is None, str(q.exception())
     counts = collections.Counter(r.value for r in read_topic(kafka_bootstrap, dst))
@@ -65,7 +64,7 @@ def test_kafka_sink_inv4_retried_attempt_commits_exactly_once(spark, kafka_boots
     from twophase.sinks.kafka import KafkaSink
     sink = KafkaSink.from_options({"kafka.bootstrap.servers": kafka_bootstrap, "topic": dst,
                                    "transactionalIdPrefix": prefix, "checkpointLocation": str(tmp_path / "ck"),
-                                   "prefixRegistry": registry, "kafka.transaction.timeout.ms": "900000"})
+                                   "prefixRegistry": registry})
     used = [tid for tid, _pid, _state in sink._client().list_transactions(prefix + "-", states=())
             if (sink._parse_id(tid) or (None,))[0] in ("0", 0) and sink._parse_id(tid)[1] == 0]
     assert len(set(used)) >= 2, f"the attempts of partition 0 shared a transactional id: {used}"

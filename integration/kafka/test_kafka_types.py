@@ -75,7 +75,7 @@ def test_kafka_types_round_trip(spark, source, tmp_path, registry, kafka_bootstr
     msg = _run(spark, source, [f"{key} as key", f"{value} as value", "p as partition", "h as headers",
                                f"'{topic}' as topic"],
                {"kafka.bootstrap.servers": kafka_bootstrap, "checkpointLocation": str(tmp_path / "ck"),
-                "prefixRegistry": registry, "kafka.transaction.timeout.ms": "900000"})
+                "prefixRegistry": registry})
     assert msg == "", msg
 
     def as_bytes(v):

@@ -45,7 +45,6 @@ def test_job_random_task_failure_kafka_sink_exactly_once(tmp_path, bootstrap):
     sink = KafkaSink.from_options({"kafka.bootstrap.servers": bootstrap, "topic": topic,
                                    "prefixRegistry": str(tmp_path / "registry"),
                                    "log.location": str(tmp_path / "log"),
-                                   "kafka.transaction.timeout.ms": "900000",
                                    "checkpointLocation": str(tmp_path / "ck")})
     out = g.vertex("out")
     out.sink = sink
@@ -127,7 +126,7 @@ def test_runtime_kafka_source_to_file_sink_exactly_once_after_a_failure(tmp_path
 def _runtime_sink(bootstrap: str, tmp_path, topic: str) -> KafkaSink:
     return KafkaSink.from_options({"kafka.bootstrap.servers": bootstrap, "topic": topic,
                                    "prefixRegistry": str(tmp_path / "registry"), "log.location": str(tmp_path / "log"),
-                                   "kafka.transaction.timeout.ms": "900000", "transactionalIdPrefix": unique("rt"),
+                                   "transactionalIdPrefix": unique("rt"),
                                    "checkpointLocation": str(tmp_path / "ck")})
 
 

@@ -5,7 +5,7 @@
 
 Starts what it needs and stops it afterwards: a cluster (scripts/spark_cluster.sh; or
 ``TWOPHASE_SPARK_MASTER``), Azurite for azure-files and azure-delta, an S3 server for s3 and delta (scripts/s3_server.sh: radosgw, or moto with
-``TWOPHASE_S3_SERVER=moto``, or ``TWOPHASE_S3_ENDPOINT``) and a Kafka broker for kafka (noida-db, or
+``TWOPHASE_S3_SERVER=moto``, or ``TWOPHASE_S3_ENDPOINT``) and a Kafka broker for kafka (Apache Kafka by scripts/kafka_server.sh, or
 ``KAFKA_BOOTSTRAP_SERVERS``). Scenario ``i`` draws its sink and fault from ``random.Random(f"{seed}:{i}")``
 (each sink and fault kind in turn when ``--runs`` covers them, so a 30-run campaign meets every pair
 it can). Prints each outcome as it ends and the summary table (markdown) at the end; writes both

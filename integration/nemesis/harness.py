@@ -379,8 +379,7 @@ class KafkaTarget(Target):
 
     def options(self) -> dict[str, str]:
         return {"kafka.bootstrap.servers": self.bootstrap, "topic": self.out_topic,
-                "transactionalIdPrefix": self.prefix, "prefixRegistry": self.registry,
-                "kafka.transaction.timeout.ms": "900000"}
+                "transactionalIdPrefix": self.prefix, "prefixRegistry": self.registry}
 
     def sink(self) -> Any:
         from twophase.sinks.kafka import KafkaSink
