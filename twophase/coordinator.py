@@ -453,18 +453,24 @@ class CheckpointCoordinator:
         with self._lock, self.log.locked():
             call = self._read(checkpoint_id, handles=[a.handle for a in present], acks=present,
                               expected_tasks=frozenset(str(t) for t in expected_tasks))
-            try:
-                outcome = self._run(Event.WRITE_JOB_COMMIT, call.state, Facts(), call)
-            except ConcurrentWriterError:
-                if self._fresh_state(checkpoint_id) is not CheckpointState.COMMITTED:
-                    raise
-                # another driver (another host finishing this decided run; object-store logs lock only
-                # locally) committed the same recorded handles and won the compare-and-swap to COMMITTED:
-                # every handle of the run is committed (write_job invariant 6)
-                _log.info("write_job_committed_by_another_driver", sink_id=self.log.sink_id, checkpoint_id=checkpoint_id)
-                return CommitOutcome.ALREADY_COMMITTED
-            assert outcome is not None, "every WRITE_JOB_COMMIT decision ends with an outcome or raises"
-            return outcome
+            return self._commit_write_job_call(call)
+
+    def _commit_write_job_call(self, call: _Call) -> CommitOutcome:
+        """WRITE_JOB_COMMIT on ``call``'s record; a compare-and-swap to COMMITTED lost to another driver is
+        reported as the run committed (write_job invariant 6)."""
+        try:
+            outcome = self._run(Event.WRITE_JOB_COMMIT, call.state, Facts(), call)
+        except ConcurrentWriterError:
+            if self._fresh_state(call.checkpoint_id) is not CheckpointState.COMMITTED:
+                raise
+            # another driver (another host finishing this decided run; object-store logs lock only
+            # locally) committed the same recorded handles and won the compare-and-swap to COMMITTED:
+            # every handle of the run is committed
+            _log.info("write_job_committed_by_another_driver", sink_id=self.log.sink_id,
+                      checkpoint_id=call.checkpoint_id)
+            return CommitOutcome.ALREADY_COMMITTED
+        assert outcome is not None, "every WRITE_JOB_COMMIT decision ends with an outcome or raises"
+        return outcome
 
     def _fresh_state(self, checkpoint_id: int) -> Optional[CheckpointState]:
         """The record's state as the store has it now (a new listing and read, even inside a lock span)."""
@@ -514,7 +520,7 @@ class CheckpointCoordinator:
             call = self._read(checkpoint_id, handles=[a.handle for a in present])
             if call.state is CheckpointState.COMPLETED:
                 call = self._read(checkpoint_id, handles=[a.handle for a in present], acks=present)
-                return self._run(Event.WRITE_JOB_COMMIT, call.state, Facts(), call)
+                return self._commit_write_job_call(call)
             self._run(Event.WRITE_JOB_ABORT, call.state, Facts(reason=reason), call)
             return None
 

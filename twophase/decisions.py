@@ -84,7 +84,9 @@ ends the list; a ``[fact]`` splits a cell)::
     WRITE_JOB_ABORT     PENDING                        AbortHandles(ACKED), WriteAborted(reason), Sweep(best effort)
     (Spark's abort of   ABORTED                        AbortHandles(ACKED), Sweep(best effort)
     a batch write)      ∅                              AbortHandles(ACKED)
-                        COMPLETED, COMMITTED, LOST     AbortHandles(UNRECORDED)
+                        COMPLETED, COMMITTED, LOST     AbortHandles(UNRECORDED)   (COMPLETED is not asked:
+                                                       the coordinator asks WRITE_JOB_COMMIT, a decided run
+                                                       goes forward: write_job invariant 5)
     WRITE_JOB_TAKE_OVER PENDING                        AbortHandles(RECORDED, recovering), WriteAborted(reason),
     (an unfinished run                                 Sweep(best effort)
     of a batch write    ABORTED                        Sweep(best effort)

@@ -338,7 +338,12 @@ def recover_writes(base: SinkSpec[Any], *, abandon_after_s: float, exclude: Opti
                 if age < grace_s:  # its driver may be committing it right now (invariant 6)
                     report["running"].append(key)
                     continue
-                highest, by_this_call = coord.finish_write_job_runs()
+                try:
+                    highest, by_this_call = coord.finish_write_job_runs()
+                except ConcurrentWriterError as e:  # its driver is committing it at this very moment
+                    _log.info("write_job_left_to_its_driver", sink_id=spec.sink_id, error=str(e))
+                    report["running"].append(key)
+                    continue
                 report["committed"].append(key)
                 if not by_this_call:
                     _log.info("write_job_committed_by_another_driver", sink_id=spec.sink_id, run=highest)
