@@ -245,7 +245,7 @@ def test_write_job_inv7_the_registry_keeps_a_run_planned_but_not_recorded_yet(si
     assert [w["key"] for w in open_writes(sink)] == [job.key]
 
 
-def test_write_job_inv5_writeid_with_at_least_once_is_refused(tmp_path):
+def test_write_job_writeid_with_at_least_once_is_refused(tmp_path):
     """A writeId with guarantee at-least-once would be ignored (no log): refused, naming both options."""
     sink = FileSink.from_options({"path": str(tmp_path / "out"), "guarantee": "at-least-once"})
     with pytest.raises(wj.ConfigurationError, match="writeId.*guarantee"):
