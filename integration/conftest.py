@@ -43,6 +43,15 @@ def kafka_bootstrap():
         yield bootstrap
 
 
+@pytest.fixture(scope="session")
+def kafka3_bootstrap():
+    """An Apache Kafka broker of the 3.x line (integration.kafka.apache_kafka.KAFKA_3) for the Kafka conformance
+    suite and one crash chain: users run both lines."""
+    from integration.kafka.apache_kafka import KAFKA_3, apache_kafka_broker
+    with apache_kafka_broker(version=KAFKA_3) as bootstrap:
+        yield bootstrap
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _shared_spark_context():
     """Maps the class-data-sharing archive into every Spark driver of the session (integration/spark_cds.py;

@@ -1,6 +1,6 @@
 """The conformance suite (:mod:`twophase.testing`) against the sinks on real servers: S3 (radosgw, or
-moto with ``TWOPHASE_S3_SERVER=moto``), Delta on S3, Delta and files on Azure Blob (Azurite), and Kafka (noida-db,
-or ``KAFKA_BOOTSTRAP_SERVERS``).
+moto with ``TWOPHASE_S3_SERVER=moto``), Delta on S3, Delta and files on Azure Blob (Azurite), and Kafka (Apache Kafka 4.x,
+the tests' broker, or ``KAFKA_BOOTSTRAP_SERVERS``; and a 3.9 broker of its own, ``kafka-3.9``).
 Files and local Delta run it in ``tests/test_conformance.py``."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 from harnesses import AzureFilesHarness, DeltaHarness, KafkaHarness, S3Harness  # noqa: E402
 from twophase.testing import CONFORMANCE_CHECKS, SinkHarness  # noqa: E402
 
-SINKS = ["s3", "delta-s3", "delta-azure", "files-azure", "kafka"]
+SINKS = ["s3", "delta-s3", "delta-azure", "files-azure", "kafka", "kafka-3.9"]
+
 
 
 def _harness(kind: str, request: Any) -> SinkHarness:
@@ -35,9 +36,9 @@ def _harness(kind: str, request: Any) -> SinkHarness:
         server = request.getfixturevalue("azure_server")
         container = server.new_container()
         return AzureFilesHarness(server.url(container, "out"), server.options(), server.service(), container, "out")
-    if kind == "kafka":
+    if kind in ("kafka", "kafka-3.9"):
         from integration.kafka.broker import create_topic, unique
-        bootstrap = request.getfixturevalue("kafka_bootstrap")
+        bootstrap = request.getfixturevalue("kafka_bootstrap" if kind == "kafka" else "kafka3_bootstrap")
         tmp = request.getfixturevalue("tmp_path")
         return KafkaHarness(bootstrap, create_topic(bootstrap, unique("conf"), 2), str(tmp))
     raise ValueError(kind)

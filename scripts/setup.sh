@@ -47,5 +47,6 @@ if ! command -v mvn >/dev/null 2>&1; then
   apt_install maven
 fi
 bash scripts/kafka_server.sh fetch
+KAFKA_VERSION=3.9.1 bash scripts/kafka_server.sh fetch   # the 3.x line (integration.kafka.apache_kafka.KAFKA_3)
 export PYSPARK_PYTHON="$ROOT/.venv/bin/python"
 echo "setup: ready ($(.venv/bin/python --version), $(java -version 2>&1 | head -1))"

@@ -3,7 +3,7 @@ protocol point, restart, and check with a read_committed consumer that the outpu
 input record exactly once, that no transaction under the prefix is left open, and that the log has
 nothing PENDING or COMPLETED.
 
-Default: one crash chain (integration/crash_chain.py) of the shared job (integration/kafka/kafka_job.py):
+Default: one crash chain (integration/crash_chain.py), on Apache Kafka 4.x and again on 3.9, of the shared job (integration/kafka/kafka_job.py):
 800 records in 8 batches of 100, run once per point of the chain and once more; run ``k`` is killed at the
 k-th point on batch ``k`` (the marker file proves it), after restarting from the previous crash; the last
 run is clean. The chain's points are one per recovery path (``crash_chain.DEFAULT_POINTS``:
@@ -68,8 +68,10 @@ def assert_exactly_once(bootstrap: str, topic: str, expected: list[bytes]) -> No
         f"missing {len(missing)}, duplicated {len(dups)}, unexpected {len(set(counts) - set(expected))}"
 
 
-@pytest.fixture(scope="module")
-def chain(kafka_bootstrap, tmp_path_factory) -> CrashChain:
+@pytest.fixture(scope="module", params=["kafka-4", "kafka-3.9"])
+def chain(request, tmp_path_factory) -> CrashChain:
+    """The chain on the tests' broker (Apache Kafka 4.x) and on a 3.9 broker (users run both lines)."""
+    kafka_bootstrap = request.getfixturevalue("kafka_bootstrap" if request.param == "kafka-4" else "kafka3_bootstrap")
     work = tmp_path_factory.mktemp("kafka-chain")
     src = create_topic(kafka_bootstrap, unique("cin"), 2)
     dst = create_topic(kafka_bootstrap, unique("cout"), 2)
