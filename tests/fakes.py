@@ -10,6 +10,7 @@ told to fail (``fail_next``) or to run a hook inside a call (``on``), e.g. to re
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Collection, Mapping, Optional, Union
@@ -204,3 +205,15 @@ class FakeSink(SinkSpec[FakeCommittable], SinkCommitter[FakeCommittable]):
         if self._log is None:
             raise NotImplementedError("FakeSink was built without a log")
         return self._log
+
+
+def record_fsyncs(monkeypatch: Any) -> list[str]:
+    """Patch os.fsync to record the path of every descriptor it syncs (then sync it); returns the list."""
+    seen: list[str] = []
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        seen.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+    monkeypatch.setattr(os, "fsync", fsync)
+    return seen

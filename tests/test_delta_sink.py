@@ -9,6 +9,8 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
+from fakes import record_fsyncs
+
 from twophase.sinks.delta import DeltaSink, _partition_values, _Stats
 from twophase.coordinator import CheckpointCoordinator
 from twophase.errors import ConfigurationError
@@ -455,18 +457,6 @@ def test_delta_sink_partition_values_timestamps_read_back_as_the_instants_writte
     assert {i: via_arrow[i].astimezone(utc) for i in via_arrow} == dict(enumerate(instants)), (via_arrow, values)
 
 
-def _record_fsyncs(monkeypatch) -> list[str]:
-    """Patch os.fsync to record the path of every descriptor it syncs (then sync it)."""
-    seen: list[str] = []
-    real = os.fsync
-
-    def fsync(fd: int) -> None:
-        seen.append(os.readlink(f"/proc/self/fd/{fd}"))
-        real(fd)
-    monkeypatch.setattr(os, "fsync", fsync)
-    return seen
-
-
 def test_delta_sink_inv1_delta_commit_fsynced_before_committed_is_reported(sink, monkeypatch) -> None:
     """The Delta commit file of the checkpoint and the _delta_log directory are fsynced before commit_checkpoint
     returns COMMITTED, and again before ALREADY_COMMITTED (a crashed predecessor may have left the commit
@@ -475,7 +465,7 @@ def test_delta_sink_inv1_delta_commit_fsynced_before_committed_is_reported(sink,
     acks = run_checkpoint(sink, 0)
     c = sink.create_committer()
     handles = [c.decode(a.handle) for a in acks]
-    seen = _record_fsyncs(monkeypatch)
+    seen = record_fsyncs(monkeypatch)
     assert {r.status for r in c.commit_checkpoint(0, handles)} == {CommitStatus.COMMITTED}
     version = DeltaTable(sink.uri).version()
     log_dir = os.path.join(sink.uri, "_delta_log")

@@ -8,6 +8,7 @@ import os
 
 import pytest
 
+from fakes import record_fsyncs
 from twophase.coordinator import CheckpointCoordinator
 from twophase.errors import ConfigurationError
 from twophase.naming import own_part_checkpoint
@@ -245,13 +246,7 @@ def test_native_delta_timestamp_partition_values_are_utc_instants_and_the_commit
     target.spec.transaction_log().claim(str(tmp_path / "c"))
     from twophase.coordinator import CheckpointCoordinator
     acks = [Ack(0, c.task_id, "aaaaaaaaaaaa", c.to_json(), c.records) for c in committables]
-    synced: list[str] = []
-    real_fsync = os.fsync
-
-    def fsync(fd: int) -> None:
-        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
-        real_fsync(fd)
-    monkeypatch.setattr(os, "fsync", fsync)
+    synced = record_fsyncs(monkeypatch)
     CheckpointCoordinator(target.spec, target.spec.transaction_log()).complete_batch(0, acks, expected_tasks=["0"])
     version = deltalake.DeltaTable(table).version()
     log_dir = os.path.join(table, "_delta_log")
