@@ -8,6 +8,8 @@
 #                                                 given as KEY=VALUE (e.g. transaction.max.timeout.ms=3600000)
 #   scripts/kafka_server.sh stop DIR              stop it by its PID (DIR/kafka.pid)
 # KAFKA_VERSION picks the release (default below; 3.9.1 for the 3.x line). Nothing is downloaded by URL.
+# KAFKA_EXTRA_LISTENERS (e.g. SASL_PLAINTEXT://127.0.0.1:9093) is appended to listeners= (the controller port is
+# chosen here); give their advertised.listeners / listener.security.protocol.map as KEY=VALUE (the last line wins).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 VERSION="${KAFKA_VERSION:-4.4.0}"
@@ -34,7 +36,7 @@ start() {
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:$cport
-listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport
+listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport${KAFKA_EXTRA_LISTENERS:+,$KAFKA_EXTRA_LISTENERS}
 advertised.listeners=PLAINTEXT://127.0.0.1:$port
 controller.listener.names=CONTROLLER
 listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT

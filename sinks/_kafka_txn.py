@@ -24,6 +24,7 @@ Outcomes of EndTxn are classified into :class:`EndTxnOutcome` so the sink decide
 from __future__ import annotations
 
 import enum
+import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -81,6 +82,72 @@ class TxnState:
         return self.state in OPEN_STATES
 
 
+class _BootstrapErrors(logging.Handler):
+    """Keeps the most telling error of kafka-python's failed bootstrap connections (its KafkaTimeoutError names
+    none): an authentication or TLS failure wins over the disconnects that follow it."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.error: Optional[BaseException] = None
+        self.disconnected = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        for arg in record.args if isinstance(record.args, tuple) else ():
+            if isinstance(arg, BaseException):
+                self.disconnected = self.disconnected or "disconnected" in str(arg)
+                if _rank(arg) > _rank(self.error):
+                    self.error = arg
+
+
+def _rank(error: Optional[BaseException]) -> int:
+    if error is None:
+        return 0
+    if isinstance(error, (Errors.SaslAuthenticationFailedError, Errors.UnsupportedSaslMechanismError)) \
+            or _is_tls(error):
+        return 3
+    if isinstance(error, (Errors.KafkaTimeoutError, Errors.RequestTimedOutError)) or "disconnected" in str(error):
+        return 1  # says nothing of why: the summary of the bootstrap, or what follows a refused login
+    return 2
+
+
+def _is_tls(error: BaseException) -> bool:
+    return "SSL" in str(error) or "certificate" in str(error).lower()
+
+
+def bootstrap_error(config: Mapping[str, Any], timeout_ms: int, cause: Optional[BaseException], *,
+                    disconnected: bool = False) -> ConfigurationError:
+    """The start error when no broker could be bootstrapped: an authentication or TLS failure (seen on the
+    connection attempts) is named with the options that fix it; else the address or timeout. The broker's
+    reason is shown with secrets masked (:func:`twophase._redact.redact_error`)."""
+    from twophase._redact import redact_error
+    where = f"kafka.bootstrap.servers={config.get('bootstrap_servers')!r}"
+    protocol = str(config.get("security_protocol") or "PLAINTEXT")
+    reason = "" if cause is None else f" ({type(cause).__name__}: {redact_error(cause, config)})"
+    if isinstance(cause, (Errors.SaslAuthenticationFailedError, Errors.UnsupportedSaslMechanismError)):
+        return ConfigurationError(
+            f"twophase-kafka: the brokers at {where} refused SASL authentication (kafka.security.protocol={protocol}, "
+            f"kafka.sasl.mechanism={config.get('sasl_mechanism')}){reason}; check the user name and password in "
+            "kafka.sasl.jaas.config (the password is not shown) and that the brokers enable this kafka.sasl.mechanism "
+            "for the user")
+    if cause is not None and _is_tls(cause):
+        return ConfigurationError(
+            f"twophase-kafka: the TLS handshake with the brokers at {where} failed (kafka.security.protocol="
+            f"{protocol}){reason}; check kafka.ssl.cafile (a PEM file of the CA that signed the brokers' "
+            "certificates), kafka.ssl.check.hostname, and that this port is the brokers' SSL / SASL_SSL listener")
+    if protocol.startswith("SASL_") and disconnected and _rank(cause) <= 1:
+        return ConfigurationError(  # the broker's answer to a failed login may be lost as it closes the connection
+            f"twophase-kafka: the brokers at {where} closed every connection during the handshake "
+            f"(kafka.security.protocol={protocol}, kafka.sasl.mechanism={config.get('sasl_mechanism')}) within "
+            f"{timeout_ms} ms{reason}: most often refused SASL authentication; check the user name and password in "
+            "kafka.sasl.jaas.config (the password is not shown), that the brokers enable this kafka.sasl.mechanism, "
+            "and that this port is the brokers' SASL listener")
+    hint = ("; check the address (host:port), that kafka.security.protocol matches the brokers' listener, "
+            if cause is not None and protocol != "PLAINTEXT" else "; check the address (host:port) ")
+    return ConfigurationError(
+        f"twophase-kafka: no Kafka broker answers at {where} within {timeout_ms} ms{reason}{hint}"
+        "or raise kafka.bootstrap.timeout.ms")
+
+
 class TxnClient:
     """One admin connection used for EndTxn, InitProducerId, ListTransactions and commit verification.
 
@@ -93,13 +160,15 @@ class TxnClient:
         self.retry_deadline_s = retry_deadline_s
         admin_keys = set(KafkaAdminClient.DEFAULT_CONFIG)
         kwargs = {k: v for k, v in self.config.items() if k in admin_keys}
+        seen = _BootstrapErrors()
+        logging.getLogger("kafka.net.manager").addHandler(seen)
         try:
             self.admin = KafkaAdminClient(**kwargs)
         except (Errors.KafkaTimeoutError, Errors.KafkaConnectionError, Errors.NodeNotReadyError) as e:
-            raise ConfigurationError(
-                f"twophase-kafka: no Kafka broker answers at kafka.bootstrap.servers="
-                f"{self.config.get('bootstrap_servers')!r} within {kwargs.get('bootstrap_timeout_ms', 30000)} ms; "
-                "check the address (host:port) or raise kafka.bootstrap.timeout.ms") from e
+            raise bootstrap_error(self.config, kwargs.get("bootstrap_timeout_ms", 30000), seen.error,
+                                  disconnected=seen.disconnected) from e
+        finally:
+            logging.getLogger("kafka.net.manager").removeHandler(seen)
 
     def close(self) -> None:
         self.admin.close()
