@@ -24,6 +24,7 @@ def kafka_python_config(raw: Mapping[str, Any], defaults: Mapping[str, Any], *, 
     out: dict[str, Any] = {}
     jaas: Optional[str] = None
     oauth: dict[str, str] = {}
+    raw = _pem_stores(raw, what=what)
     for key, value in raw.items():
         if not key.startswith("kafka."):
             continue
@@ -68,6 +69,34 @@ def kafka_python_config(raw: Mapping[str, Any], defaults: Mapping[str, Any], *, 
         _apply_msk_iam(out, oauth, jaas_options, what=what)
     elif oauth or str(out.get("sasl_mechanism") or "").upper() == "OAUTHBEARER":
         _apply_oauthbearer(out, oauth, jaas_options, what=what)
+    return out
+
+
+def _pem_stores(raw: Mapping[str, Any], *, what: str) -> Mapping[str, Any]:
+    """Spark's (Java clients') PEM stores -> twophase's PEM file options: ``kafka.ssl.truststore.type=PEM`` with
+    ``kafka.ssl.truststore.location`` is ``kafka.ssl.cafile``; ``kafka.ssl.keystore.type=PEM`` with
+    ``kafka.ssl.keystore.location`` (one file: the private key and the certificate chain) is ``kafka.ssl.certfile``
+    and ``kafka.ssl.keyfile``; ``kafka.ssl.key.password`` (the key's password) is ``kafka.ssl.password``. Other store
+    settings (JKS / PKCS12, inline PEM) stay refused by :func:`kafka_python_config`."""
+    kinds = {store: str(raw.get(f"kafka.ssl.{store}.type", "")).strip().upper() for store in ("truststore", "keystore")}
+    if "kafka.ssl.key.password" not in raw and "PEM" not in kinds.values():
+        return raw
+    out = dict(raw)
+    moves = [("kafka.ssl.key.password", ("kafka.ssl.password",))]
+    if kinds["truststore"] == "PEM":
+        moves.append(("kafka.ssl.truststore.location", ("kafka.ssl.cafile",)))
+        out.pop("kafka.ssl.truststore.type")
+    if kinds["keystore"] == "PEM":
+        moves.append(("kafka.ssl.keystore.location", ("kafka.ssl.certfile", "kafka.ssl.keyfile")))
+        out.pop("kafka.ssl.keystore.type")
+    for source, targets in moves:
+        if source not in out:
+            continue
+        value = out.pop(source)
+        for target in targets:
+            if target in out and str(out[target]) != str(value):
+                raise ConfigurationError(f"{what}: options {source!r} and {target!r} disagree; give one of them")
+            out[target] = value
     return out
 
 

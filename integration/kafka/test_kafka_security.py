@@ -45,6 +45,9 @@ def _security_options(secure, mode: str, *, user: str = "alice", password: str =
                                        "kafka.sasl.jaas.config": _jaas(SCRAM_JAAS, user, password)}
     if mode == "SSL":
         return secure.ssl, {"kafka.security.protocol": "SSL", "kafka.ssl.cafile": secure.ca_file}
+    if mode == "SSL/PEM truststore":   # Spark's (Java clients') names for the same CA file
+        return secure.ssl, {"kafka.security.protocol": "SSL", "kafka.ssl.truststore.type": "PEM",
+                            "kafka.ssl.truststore.location": secure.ca_file}
     if mode == "SASL_SSL/SCRAM-SHA-512":
         return secure.sasl_ssl, {"kafka.security.protocol": "SASL_SSL", "kafka.ssl.cafile": secure.ca_file,
                                  "kafka.sasl.mechanism": "SCRAM-SHA-512",
@@ -52,7 +55,7 @@ def _security_options(secure, mode: str, *, user: str = "alice", password: str =
     raise AssertionError(mode)
 
 
-MODES = ("SASL_PLAINTEXT/PLAIN", "SASL_PLAINTEXT/SCRAM-SHA-512", "SSL", "SASL_SSL/SCRAM-SHA-512")
+MODES = ("SASL_PLAINTEXT/PLAIN", "SASL_PLAINTEXT/SCRAM-SHA-512", "SSL", "SSL/PEM truststore", "SASL_SSL/SCRAM-SHA-512")
 
 
 def _sink_options(secure, mode, tmp_path, topic, client, **kw):
