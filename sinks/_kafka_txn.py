@@ -133,7 +133,10 @@ def bootstrap_error(config: Mapping[str, Any], timeout_ms: int, cause: Optional[
         return ConfigurationError(
             f"twophase-kafka: the TLS handshake with the brokers at {where} failed (kafka.security.protocol="
             f"{protocol}){reason}; check kafka.ssl.cafile (a PEM file of the CA that signed the brokers' "
-            "certificates), kafka.ssl.check.hostname, and that this port is the brokers' SSL / SASL_SSL listener")
+            "certificates; or kafka.ssl.truststore.type=PEM with kafka.ssl.truststore.location), "
+            "kafka.ssl.check.hostname, that this port is the brokers' SSL / SASL_SSL listener, and where the brokers "
+            "require client certificates kafka.ssl.certfile / kafka.ssl.keyfile (or kafka.ssl.keystore.type=PEM with "
+            "kafka.ssl.keystore.location)")
     if protocol.startswith("SASL_") and disconnected and _rank(cause) <= 1:
         return ConfigurationError(  # the broker's answer to a failed login may be lost as it closes the connection
             f"twophase-kafka: the brokers at {where} closed every connection during the handshake "

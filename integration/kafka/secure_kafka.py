@@ -5,7 +5,8 @@ PLAINTEXT listener (inter-broker, controller and the tests' own admin), the list
   added after start over the PLAINTEXT listener with an AdminClient: no authorizer runs);
 - ``SSL``: a CA and a broker certificate (SAN ``127.0.0.1`` / ``localhost``) made here with ``cryptography``,
   given to the broker as PEM (``ssl.keystore.type=PEM``);
-- ``SASL_SSL``: both of the above.
+- ``SASL_SSL``: both of the above;
+- ``MTLS`` (an SSL listener with ``ssl.client.auth=required``): mutual TLS, the client's certificate signed by the CA.
 
 Every client-side file (the CA certificate) is in :attr:`SecureKafka.ca_file`."""
 
@@ -37,7 +38,9 @@ class SecureKafka:
     sasl_plaintext: str
     ssl: str
     sasl_ssl: str
+    mtls: str            #: SSL listener that requires a client certificate (ssl.client.auth=required)
     ca_file: str         #: PEM of the CA that signed the broker's certificate
+    client_pem: str      #: the client's key and certificate chain (one PEM file, signed by the CA)
 
 
 def _free_port() -> int:
@@ -50,7 +53,8 @@ def _free_port() -> int:
 
 def make_ca_and_broker_cert(where: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path, pathlib.Path]:
     """``(ca.pem, broker-key.pem, broker-chain.pem)``: a CA and a broker certificate for 127.0.0.1 / localhost,
-    the key unencrypted PKCS#8 (what Kafka's PEM key store reads)."""
+    the key unencrypted PKCS#8 (what Kafka's PEM key store reads); also ``client.pem``, a client key and
+    certificate chain signed by the CA (for the mutual-TLS listener)."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -80,6 +84,15 @@ def make_ca_and_broker_cert(where: pathlib.Path) -> tuple[pathlib.Path, pathlib.
             .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
             .sign(ca_key, hashes.SHA256()))
     pem = serialization.Encoding.PEM
+    client_key = ec.generate_private_key(ec.SECP256R1())
+    client = (x509.CertificateBuilder().subject_name(name("twophase-client")).issuer_name(ca.subject)
+              .public_key(client_key.public_key()).serial_number(x509.random_serial_number())
+              .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=2))
+              .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+              .sign(ca_key, hashes.SHA256()))
+    (where / "client.pem").write_bytes(  # what Kafka's ssl.keystore.type=PEM file holds: the key, then the chain
+        client_key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+        + client.public_bytes(pem) + ca.public_bytes(pem))
     ca_file, key_file, chain_file = where / "ca.pem", where / "broker-key.pem", where / "broker-chain.pem"
     ca_file.write_bytes(ca.public_bytes(pem))
     key_file.write_bytes(key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
@@ -114,13 +127,15 @@ def secure_kafka_broker(*settings: str) -> Iterator[SecureKafka]:
     with tempfile.TemporaryDirectory(prefix="twophase-secure-kafka-") as d:
         where = pathlib.Path(d)
         ca_file, key_file, chain_file = make_ca_and_broker_cert(where)
-        plain, sasl, ssl_, sasl_ssl = (_free_port() for _ in range(4))
-        extra = f"SASL_PLAINTEXT://127.0.0.1:{sasl},SSL://127.0.0.1:{ssl_},SASL_SSL://127.0.0.1:{sasl_ssl}"
+        plain, sasl, ssl_, sasl_ssl, mtls = (_free_port() for _ in range(5))
+        extra = (f"SASL_PLAINTEXT://127.0.0.1:{sasl},SSL://127.0.0.1:{ssl_},SASL_SSL://127.0.0.1:{sasl_ssl},"
+                 f"MTLS://127.0.0.1:{mtls}")
         users = " ".join(f'user_{u}="{p}"' for u, p in USERS.items())
         props = [
             f"advertised.listeners=PLAINTEXT://127.0.0.1:{plain},{extra}",
             "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,"
-            "SASL_PLAINTEXT:SASL_PLAINTEXT,SSL:SSL,SASL_SSL:SASL_SSL",
+            "SASL_PLAINTEXT:SASL_PLAINTEXT,SSL:SSL,SASL_SSL:SASL_SSL,MTLS:SSL",
+            "listener.name.mtls.ssl.client.auth=required",
             "sasl.enabled.mechanisms=PLAIN,SCRAM-SHA-512",
             "ssl.keystore.type=PEM",
             f"ssl.keystore.location={key_file}.keystore",
@@ -142,6 +157,7 @@ def secure_kafka_broker(*settings: str) -> Iterator[SecureKafka]:
             bootstrap = res.stdout.strip().splitlines()[-1]
             _add_scram_users(bootstrap)
             yield SecureKafka(plaintext=bootstrap, sasl_plaintext=f"127.0.0.1:{sasl}", ssl=f"127.0.0.1:{ssl_}",
-                              sasl_ssl=f"127.0.0.1:{sasl_ssl}", ca_file=str(ca_file))
+                              sasl_ssl=f"127.0.0.1:{sasl_ssl}", mtls=f"127.0.0.1:{mtls}", ca_file=str(ca_file),
+                              client_pem=str(where / "client.pem"))
         finally:
             subprocess.run(["bash", str(SCRIPT), "stop", d], capture_output=True, timeout=60, env=env)

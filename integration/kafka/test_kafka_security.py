@@ -48,6 +48,10 @@ def _security_options(secure, mode: str, *, user: str = "alice", password: str =
     if mode == "SSL/PEM truststore":   # Spark's (Java clients') names for the same CA file
         return secure.ssl, {"kafka.security.protocol": "SSL", "kafka.ssl.truststore.type": "PEM",
                             "kafka.ssl.truststore.location": secure.ca_file}
+    if mode == "mutual TLS/PEM keystore":   # the client's key and chain in one PEM file, as Spark takes it
+        return secure.mtls, {"kafka.security.protocol": "SSL", "kafka.ssl.truststore.type": "PEM",
+                             "kafka.ssl.truststore.location": secure.ca_file, "kafka.ssl.keystore.type": "PEM",
+                             "kafka.ssl.keystore.location": secure.client_pem}
     if mode == "SASL_SSL/SCRAM-SHA-512":
         return secure.sasl_ssl, {"kafka.security.protocol": "SASL_SSL", "kafka.ssl.cafile": secure.ca_file,
                                  "kafka.sasl.mechanism": "SCRAM-SHA-512",
@@ -55,7 +59,8 @@ def _security_options(secure, mode: str, *, user: str = "alice", password: str =
     raise AssertionError(mode)
 
 
-MODES = ("SASL_PLAINTEXT/PLAIN", "SASL_PLAINTEXT/SCRAM-SHA-512", "SSL", "SSL/PEM truststore", "SASL_SSL/SCRAM-SHA-512")
+MODES = ("SASL_PLAINTEXT/PLAIN", "SASL_PLAINTEXT/SCRAM-SHA-512", "SSL", "SSL/PEM truststore", "mutual TLS/PEM keystore",
+         "SASL_SSL/SCRAM-SHA-512")
 
 
 def _sink_options(secure, mode, tmp_path, topic, client, **kw):
@@ -154,3 +159,18 @@ def test_kafka_security_untrusted_broker_certificate_fails_at_start_naming_tls(s
         sink.validate_destination()
     text = str(e.value).lower()
     assert ("certificate" in text or "ssl" in text or "tls" in text) and "kafka.ssl.cafile" in text, text
+
+
+def test_kafka_security_mutual_tls_without_a_client_certificate_fails_at_start(secure, tmp_path):
+    """The mutual-TLS listener really requires the client's certificate: without kafka.ssl.keystore.* the start
+    check fails with a ConfigurationError (never a hang). The start check is the driver's (kafka-python) for
+    both clients."""
+    from twophase.errors import ConfigurationError
+    from twophase.sinks.kafka import KafkaSink
+
+    raw = {**_sink_options(secure, "mutual TLS/PEM keystore", tmp_path, unique("sec"), "kafka-python"),
+           "kafka.bootstrap.timeout.ms": "3000"}
+    del raw["kafka.ssl.keystore.type"], raw["kafka.ssl.keystore.location"]
+    with pytest.raises(ConfigurationError) as e:
+        KafkaSink.from_options(raw).validate_destination()
+    assert "TLS handshake" in str(e.value) and "kafka.ssl.keystore.location" in str(e.value), str(e.value)
