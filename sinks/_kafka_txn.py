@@ -151,6 +151,20 @@ def bootstrap_error(config: Mapping[str, Any], timeout_ms: int, cause: Optional[
         "or raise kafka.bootstrap.timeout.ms")
 
 
+def bootstrapped(client_class: Any, kwargs: Mapping[str, Any]) -> Any:
+    """``client_class(**kwargs)`` (a kafka-python client, which bootstraps in its constructor); a failed bootstrap
+    is :func:`bootstrap_error` with the reason seen on the connection attempts."""
+    seen = _BootstrapErrors()
+    logging.getLogger("kafka.net.manager").addHandler(seen)
+    try:
+        return client_class(**kwargs)
+    except (Errors.KafkaTimeoutError, Errors.KafkaConnectionError, Errors.NodeNotReadyError) as e:
+        raise bootstrap_error(kwargs, kwargs.get("bootstrap_timeout_ms", 30000), seen.error,
+                              disconnected=seen.disconnected) from e
+    finally:
+        logging.getLogger("kafka.net.manager").removeHandler(seen)
+
+
 class TxnClient:
     """One admin connection used for EndTxn, InitProducerId, ListTransactions and commit verification.
 
@@ -163,15 +177,7 @@ class TxnClient:
         self.retry_deadline_s = retry_deadline_s
         admin_keys = set(KafkaAdminClient.DEFAULT_CONFIG)
         kwargs = {k: v for k, v in self.config.items() if k in admin_keys}
-        seen = _BootstrapErrors()
-        logging.getLogger("kafka.net.manager").addHandler(seen)
-        try:
-            self.admin = KafkaAdminClient(**kwargs)
-        except (Errors.KafkaTimeoutError, Errors.KafkaConnectionError, Errors.NodeNotReadyError) as e:
-            raise bootstrap_error(self.config, kwargs.get("bootstrap_timeout_ms", 30000), seen.error,
-                                  disconnected=seen.disconnected) from e
-        finally:
-            logging.getLogger("kafka.net.manager").removeHandler(seen)
+        self.admin = bootstrapped(KafkaAdminClient, kwargs)
 
     def close(self) -> None:
         self.admin.close()

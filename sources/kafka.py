@@ -315,12 +315,8 @@ class KafkaSourceOptions:
 
 def _consumer(cfg: Mapping[str, Any]) -> Any:
     from kafka import KafkaConsumer
-    import kafka.errors as Errors
-    try:
-        return KafkaConsumer(**cfg)
-    except (Errors.KafkaTimeoutError, Errors.KafkaConnectionError) as e:
-        raise ConfigurationError(f"{SOURCE}: no Kafka broker answers at kafka.bootstrap.servers="
-                                 f"{cfg.get('bootstrap_servers')!r}; check the address") from e
+    from twophase.sinks._kafka_txn import bootstrapped
+    return bootstrapped(KafkaConsumer, cfg)  # a refused login / TLS handshake is named, not "check the address"
 
 
 def _transient(e: BaseException) -> bool:

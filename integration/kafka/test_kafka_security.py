@@ -174,3 +174,26 @@ def test_kafka_security_mutual_tls_without_a_client_certificate_fails_at_start(s
     with pytest.raises(ConfigurationError) as e:
         KafkaSink.from_options(raw).validate_destination()
     assert "TLS handshake" in str(e.value) and "kafka.ssl.keystore.location" in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_kafka_security_source_wrong_password_fails_naming_authentication_without_the_password(secure, client,
+                                                                                               caplog):
+    """The source's first offset query with a wrong SCRAM password: a ConfigurationError naming the refused
+    authentication and kafka.sasl.jaas.config (it said 'no Kafka broker answers ... check the address')."""
+    from twophase.errors import ConfigurationError
+    from twophase.sources.kafka import KafkaSource
+
+    caplog.set_level(logging.DEBUG)
+    wrong = f"wrong-{uuid.uuid4().hex[:10]}"
+    bootstrap, sec = _security_options(secure, "SASL_PLAINTEXT/SCRAM-SHA-512", password=wrong)
+    source = KafkaSource.from_options({"kafka.bootstrap.servers": bootstrap, "subscribe": unique("sec"),
+                                       "kafkaClient": client, "kafka.bootstrap.timeout.ms": "3000", **sec})
+    try:
+        with pytest.raises(ConfigurationError) as e:
+            source.initial_offset()
+    finally:
+        source.close()
+    text = str(e.value)
+    assert "authenticat" in text.lower() and "kafka.sasl.jaas.config" in text, text
+    _assert_no_secret(text, caplog, wrong)
