@@ -499,7 +499,22 @@ class KafkaSink(SinkSpec[KafkaCommittable]):
         return shared_client(self.options.connection_config())
 
     def validate_destination(self) -> None:
-        """Fail early (bounded by kafka.bootstrap.timeout.ms): broker reachable, topic there, prefix ours."""
+        """Fail early (bounded by kafka.bootstrap.timeout.ms): broker reachable, topic there, prefix ours. A broker
+        authorizer's refusal is a ConfigurationError naming the ACLs the sink needs."""
+        import kafka.errors as Errors
+        try:
+            self._validate_destination()
+        except Errors.AuthorizationError as e:
+            raise ConfigurationError(
+                f"{SINK}: the brokers at {','.join(self.options.bootstrap_servers)} refused this principal "
+                f"({type(e).__name__}: {redact_error(e, self.options.producer_config)}); the sink needs the ACLs "
+                f"WRITE and DESCRIBE on TransactionalId prefix {self.prefix!r} (option transactionalIdPrefix) and "
+                f"WRITE and DESCRIBE on the topic(s) it writes ({self.options.topic or 'its topic column'}), e.g. "
+                f"kafka-acls --add --allow-principal User:<user> --operation Write --operation Describe "
+                f"--transactional-id {self.prefix} --resource-pattern-type prefixed --topic "
+                f"{self.options.topic or '<topic>'}") from e
+
+    def _validate_destination(self) -> None:
         client = self._client()
         if self.options.topic and client.topic_partitions(self.options.topic) is None:
             if self.options.producer_config.get("allow_auto_create_topics", True) is False:

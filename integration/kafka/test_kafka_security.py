@@ -197,3 +197,22 @@ def test_kafka_security_source_wrong_password_fails_naming_authentication_withou
     text = str(e.value)
     assert "authenticat" in text.lower() and "kafka.sasl.jaas.config" in text, text
     _assert_no_secret(text, caplog, wrong)
+
+
+def test_kafka_security_principal_without_acls_fails_at_start_naming_the_acls_needed(tmp_path):
+    """With Kafka's StandardAuthorizer and no ACL for the user, the start check is a ConfigurationError naming
+    the TransactionalId prefix and topic ACLs the sink needs (it was kafka-python's bare
+    TransactionalIdAuthorizationFailedError from FindCoordinator)."""
+    from twophase.errors import ConfigurationError
+    from twophase.sinks.kafka import KafkaSink
+
+    with secure_kafka_broker("authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+                             "super.users=User:ANONYMOUS") as k:
+        topic = create_topic(k.plaintext, unique("acl"), 1)
+        raw = _sink_options(k, "SASL_PLAINTEXT/SCRAM-SHA-512", tmp_path, topic, "librdkafka")
+        sink = KafkaSink.from_options(raw)
+        with pytest.raises(ConfigurationError) as e:
+            sink.validate_destination()
+    text = str(e.value)
+    assert "AuthorizationFailed" in text and f"TransactionalId prefix {sink.prefix!r}" in text and topic in text, text
+    assert USERS["alice"] not in text
