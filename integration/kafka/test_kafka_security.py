@@ -10,6 +10,7 @@ SASL_PLAINTEXT with PLAIN and SCRAM-SHA-512, SSL (the CA as PEM) and SASL_SSL, f
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 
 import pytest
@@ -203,8 +204,12 @@ def test_kafka_security_principal_without_acls_fails_at_start_naming_the_acls_ne
     """With Kafka's StandardAuthorizer and no ACL for the user, the start check is a ConfigurationError naming
     the TransactionalId prefix and topic ACLs the sink needs (it was kafka-python's bare
     TransactionalIdAuthorizationFailedError from FindCoordinator)."""
+    from confluent_kafka.admin import ResourcePatternType, ResourceType
+    from twophase.coordinator import CheckpointCoordinator
     from twophase.errors import ConfigurationError
+    from twophase.sink import TransactionContext, run_task
     from twophase.sinks.kafka import KafkaSink
+    from twophase.spark.datasource import prepare_sink
 
     with secure_kafka_broker("authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
                              "super.users=User:ANONYMOUS") as k:
@@ -213,6 +218,25 @@ def test_kafka_security_principal_without_acls_fails_at_start_naming_the_acls_ne
         sink = KafkaSink.from_options(raw)
         with pytest.raises(ConfigurationError) as e:
             sink.validate_destination()
-    text = str(e.value)
-    assert "AuthorizationFailed" in text and f"TransactionalId prefix {sink.prefix!r}" in text and topic in text, text
-    assert USERS["alice"] not in text
+        text = str(e.value)
+        assert "AuthorizationFailed" in text and f"TransactionalId prefix {sink.prefix!r}" in text and topic in text
+        assert USERS["alice"] not in text
+        # exactly the ACLs the message names are enough: a checkpoint commits, every record once
+        _grant(k.plaintext, "User:alice", [(ResourceType.TRANSACTIONAL_ID, sink.prefix, ResourcePatternType.PREFIXED),
+                                           (ResourceType.TOPIC, topic, ResourcePatternType.LITERAL)])
+        sink = KafkaSink.from_options(raw)
+        prepare_sink(sink, raw["checkpointLocation"], what="acl test")
+        ack = run_task(sink, TransactionContext(sink.sink_id, 0, "0", 0), [key_value_batch("acl", 7)])
+        assert CheckpointCoordinator(sink).complete_batch(0, [ack], ["0"]) == "COMMITTED"
+        assert committed_values(k.plaintext, topic) == sorted(f"acl-{i}".encode() for i in range(7))
+
+
+def _grant(bootstrap: str, principal: str, resources) -> None:
+    """WRITE and DESCRIBE for ``principal`` on ``resources`` (over the PLAINTEXT listener: ANONYMOUS is super user)."""
+    from confluent_kafka.admin import AclBinding, AclOperation, AclPermissionType, AdminClient
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    bindings = [AclBinding(kind, name, pattern, principal, "*", op, AclPermissionType.ALLOW)
+                for kind, name, pattern in resources for op in (AclOperation.WRITE, AclOperation.DESCRIBE)]
+    for f in admin.create_acls(bindings).values():
+        f.result(timeout=30)
+    time.sleep(1)   # the ACLs reach the broker's authorizer through the metadata log
