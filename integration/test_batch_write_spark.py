@@ -70,44 +70,65 @@ def test_batch_write_a_failed_job_leaves_nothing_and_its_rerun_writes_once(spark
     assert staging_leftovers(out) == []
 
 
+TORN_COMMIT_JOB = """
+import os, sys
+from pyspark.sql import SparkSession
+from twophase.sinks.files_spark import FileDataSource
+from twophase.spark.datasource import TwoPhaseBatchWriter
+out, marker = sys.argv[1], sys.argv[2]
+
+
+class TornCommitWriter(TwoPhaseBatchWriter):
+    def commit(self, messages):
+        import twophase.write_job as wj
+        from twophase.coordinator import CheckpointCoordinator
+        real, attempts = CheckpointCoordinator._commit_handles, getattr(wj, "COMMIT_ATTEMPTS", None)
+
+        def torn(coord, checkpoint_id, handles, *, recovering):
+            real(coord, checkpoint_id, handles[:1], recovering=recovering)
+            raise OSError(5, "injected EIO while linking a file")
+
+        CheckpointCoordinator._commit_handles, wj.COMMIT_ATTEMPTS = torn, 1
+        try:
+            super().commit(messages)
+        finally:
+            CheckpointCoordinator._commit_handles, wj.COMMIT_ATTEMPTS = real, attempts
+            open(marker, "w").close()
+
+
+class TornCommitSource(FileDataSource):
+    short_name = "twophase-file-torn-commit"
+
+    def writer(self, schema, overwrite):
+        return TornCommitWriter(super().writer(schema, overwrite).job)
+
+
+spark = (SparkSession.builder.master("local[2]").appName("torn-commit").config("spark.ui.enabled", "false")
+         .getOrCreate())
+spark.sparkContext.setLogLevel("ERROR")
+spark.dataSource.register(TornCommitSource)
+df = spark.range(0, 900, numPartitions=3).selectExpr("id", "concat('g', id % 3) AS grp")
+try:
+    df.write.format("twophase-file-torn-commit").mode("append").option("path", out).option("writeId", "torn").save()
+    print("RESULT no error")
+except Exception as e:
+    print("RESULT", "injected EIO" in str(e))
+spark.stop()
+"""
+
+
 def test_batch_write_a_commit_failing_after_the_decision_is_finished_by_sparks_abort(spark, tmp_path):
     """write_job invariant 5 on real Spark: the driver's commit links one file, then fails (EIO) after
     COMPLETED (its retries off, so the error reaches Spark); Spark calls abort(messages), which commits the
-    decided run whole: every row once, not a third of them; a re-run of the write id writes nothing."""
-    from twophase.sinks.files_spark import FileDataSource
-    from twophase.spark.datasource import TwoPhaseBatchWriter
+    decided run whole: every row once, not a third of them; a re-run of the write id writes nothing.
+
+    The torn source runs in a Spark of its own (a child process): a data source registered on the tests'
+    shared context was not found there in a full-suite run (DATA_SOURCE_NOT_FOUND)."""
     out = str(tmp_path / "out")
     marker = str(tmp_path / "commit-failed")
-
-    class TornCommitWriter(TwoPhaseBatchWriter):
-        def commit(self, messages):
-            import twophase.write_job as wj
-            from twophase.coordinator import CheckpointCoordinator
-            real, attempts = CheckpointCoordinator._commit_handles, getattr(wj, "COMMIT_ATTEMPTS", None)
-
-            def torn(coord, checkpoint_id, handles, *, recovering):
-                real(coord, checkpoint_id, handles[:1], recovering=recovering)
-                raise OSError(5, "injected EIO while linking a file")
-
-            CheckpointCoordinator._commit_handles, wj.COMMIT_ATTEMPTS = torn, 1
-            try:
-                super().commit(messages)
-            finally:
-                CheckpointCoordinator._commit_handles, wj.COMMIT_ATTEMPTS = real, attempts
-                open(marker, "w").close()
-
-    class TornCommitSource(FileDataSource):
-        short_name = "twophase-file-torn-commit"
-
-        def writer(self, schema, overwrite):
-            return TornCommitWriter(super().writer(schema, overwrite).job)
-
-    from integration.spark_session import make_spark
-    root = make_spark("twophase-batch-write-tests", new_session=False)  # a newSession() does not find it
-    root.dataSource.register(TornCommitSource)
-    w = _ids(root, 0, 900).write.format("twophase-file-torn-commit").mode("append").option("path", out)
-    with pytest.raises(Exception, match="injected EIO"):
-        w.option("writeId", "torn").save()
+    res = run_in_own_session([sys.executable, "-c", TORN_COMMIT_JOB, out, marker], env=job_env(), timeout=600,
+                             capture=True)
+    assert res.returncode == 0 and "RESULT True" in res.stdout, (res.stdout[-2000:], res.stderr[-3000:])
     assert os.path.exists(marker), "the commit never ran"
     report = check_exactly_once(list(range(900)), read_ids(out))
     assert report.ok, report.line()
