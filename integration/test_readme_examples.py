@@ -47,10 +47,10 @@ CHECK = textwrap.dedent('''
 
 
 def readme_examples() -> list[str]:
-    """The ```python blocks of README.md's "Using it" section, in order."""
+    """The ```python quick-start blocks of README.md's "Using it" section (before "Write your own sink"), in order."""
     text = (ROOT / "README.md").read_text()
     section = text[text.index("## Using it"):]
-    section = section[:section.index("\n### Batch writes")]
+    section = section[:section.index("\n### Write your own sink")]
     return re.findall(r"```python\n(.*?)```", section, re.S)
 
 
@@ -76,3 +76,34 @@ def test_readme_examples_run_as_written(tmp_path):
     assert got["table"] == [100, 100], got
     assert got["table_after_rerun"] == 100, got
     assert got["out3"] == [100, 100], got
+
+
+OWN_SINK_CHECK = textwrap.dedent('''
+    import glob, json, time
+    deadline = time.time() + 240
+    while (query.lastProgress is None or query.lastProgress["batchId"] < 3) and time.time() < deadline:
+        assert query.exception() is None, query.exception()
+        time.sleep(0.5)
+    query.stop()
+    values = [json.loads(line)["value"] for f in glob.glob(DATA + "own/part-*.jsonl") for line in open(f)]
+    staged = glob.glob(DATA + "own/.*.staged")
+    print(json.dumps({"rows": len(values), "distinct": len(set(values)), "staged": len(staged)}))
+    spark.stop()
+''')
+
+
+def test_readme_write_your_own_sink_example_runs_as_written(tmp_path):
+    """The "Write your own sink" block: every row of the committed batches once, in whole files."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("### Write your own sink"):]
+    section = section[:section.index("\n### ", 5)]
+    [block] = re.findall(r"```python\n(.*?)```", section, re.S)
+    data = str(tmp_path / "data") + "/"
+    os.makedirs(data)
+    script = block.replace("/data/", data) + f"\nDATA = {data!r}\n" + OWN_SINK_CHECK
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, env=env,
+                         cwd=str(tmp_path))
+    assert res.returncode == 0, res.stderr[-4000:]
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got["rows"] >= 300 and got["rows"] == got["distinct"], got

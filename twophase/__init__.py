@@ -24,3 +24,8 @@ __all__ = [
     "SinkCommitter", "SinkSpec", "SinkWriter", "TaskAcknowledgeResult", "TaskDriver", "TransactionContext",
     "TransactionLog", "TransactionState", "TriggerPolicy", "TwoPhaseError", "run_task",
 ]
+
+from twophase.errors import SinkHookError  # noqa: E402
+from twophase.user_sink import TwoPhaseCommitSink  # noqa: E402  (the base of users' own sinks)
+
+__all__ += ["SinkHookError", "TwoPhaseCommitSink"]

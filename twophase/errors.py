@@ -96,3 +96,8 @@ class TransientSinkError(TwoPhaseError):
 
 class JobFailedError(TwoPhaseError):
     """An embedded-runtime job failed and its restart strategy allows no more restarts; the cause is chained."""
+
+
+class SinkHookError(TwoPhaseError):
+    """A hook of a user's :class:`~twophase.user_sink.TwoPhaseCommitSink` raised; the message names the hook and
+    the sink id, the original exception is chained (``__cause__``)."""

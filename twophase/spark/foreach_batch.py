@@ -25,6 +25,8 @@ def foreach_batch(sink: SinkSpec[Any], *, owner: str | None = None) -> Callable[
     ``owner`` identifies the query for the sink's log (use the query's checkpoint location);
     it defaults to the sink id.
     """
+    if owner and hasattr(sink, "bind_owner"):  # a TwoPhaseCommitSink keeps its log under the checkpoint location
+        sink.bind_owner(owner)
     owner = owner or f"foreachBatch:{sink.sink_id}"
 
     def write_batch(df: Any, batch_id: int) -> None:

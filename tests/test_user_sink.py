@@ -1,0 +1,378 @@
+"""The user-facing TwoPhaseCommitSink (twophase.user_sink): a small JSON-lines sink a user could write, run
+through the real run_task, CheckpointCoordinator and the conformance suite (no Spark)."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import pickle
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+import twophase
+from twophase import testing
+from twophase.coordinator import CheckpointCoordinator
+from twophase.errors import ConfigurationError, DataLossError
+from twophase.sink import CommitStatus, SinkSpec, TransactionContext, run_task, sink_token
+from twophase.user_sink import PENDING_PREFIX, SinkHookError, TwoPhaseCommitSink
+
+
+class JsonLinesSink(twophase.TwoPhaseCommitSink):
+    """Rows buffered in memory, staged as one JSON-lines file at pre_commit, renamed into place at commit."""
+
+    def __init__(self, root: str, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.root = root
+        self.calls: list[tuple[str, str]] = []
+        self._rows: dict[str, list] = {}
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_rows": {}, "calls": []}  # a fresh process: nothing in memory
+
+    @staticmethod
+    def _d(txn: Any) -> dict:
+        return txn
+
+    def _staged(self, txn: Any) -> str:
+        return os.path.join(self.root, "_staging", self._d(txn)["staged"])
+
+    def begin_transaction(self, context: TransactionContext) -> Any:
+        name = f"{sink_token(self.sink_id)}-{context.checkpoint_id}-{context.task_id}-{context.attempt_uid}.jsonl"
+        txn = {"staged": name, "final": f"part-{name}"}
+        self._rows[name] = []
+        return txn
+
+    def write(self, txn: Any, batch: pa.RecordBatch) -> None:
+        self._rows[self._d(txn)["staged"]].extend(batch.to_pylist())
+
+    def pre_commit(self, txn: Any) -> None:
+        os.makedirs(os.path.join(self.root, "_staging"), exist_ok=True)
+        with open(self._staged(txn), "w") as f:
+            for row in self._rows.pop(self._d(txn)["staged"]):
+                f.write(json.dumps(row) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def commit(self, txn: Any) -> None:
+        t = self._d(txn)
+        self.calls.append(("commit", t["final"]))
+        final = os.path.join(self.root, t["final"])
+        if os.path.exists(final):
+            return  # idempotent
+        try:
+            os.rename(self._staged(txn), final)
+        except FileNotFoundError:
+            raise DataLossError(f"staged file {self._staged(txn)} is gone and {final} was never committed") from None
+
+    def abort(self, txn: Any) -> None:
+        t = self._d(txn)
+        self.calls.append(("abort", t["final"]))
+        self._rows.pop(t["staged"], None)
+        try:
+            os.unlink(self._staged(txn))
+        except FileNotFoundError:
+            pass
+
+    def recover_and_commit(self, txn: Any) -> None:
+        self.calls.append(("recover_and_commit", self._d(txn)["final"]))
+        super().recover_and_commit(txn)
+
+    def recover_and_abort(self, txn: Any) -> None:
+        self.calls.append(("recover_and_abort", self._d(txn)["final"]))
+        super().recover_and_abort(txn)
+
+
+@dataclass
+class FileTxn:
+    staged: str
+    final: str
+    parts: list
+
+
+class DataclassSink(JsonLinesSink):
+    """The same sink with a dataclass handle (rebuilt at recovery from its recorded class path)."""
+
+    @staticmethod
+    def _d(txn: Any) -> dict:
+        return {"staged": txn.staged, "final": txn.final}
+
+    def begin_transaction(self, context: TransactionContext) -> Any:
+        d = super().begin_transaction(context)
+        return FileTxn(d["staged"], d["final"], [])
+
+    def pre_commit(self, txn: Any) -> None:
+        super().pre_commit(txn)
+        txn.parts.append(txn.staged)
+
+    def commit(self, txn: Any) -> None:
+        assert isinstance(txn, FileTxn) and txn.parts == [txn.staged], f"handle not rebuilt: {txn!r}"
+        super().commit(txn)
+
+
+def visible(root: str) -> list[int]:
+    out = []
+    for p in glob.glob(os.path.join(root, "part-*.jsonl")):
+        with open(p) as f:
+            out += [json.loads(line)["id"] for line in f]
+    return sorted(out)
+
+
+def batch(lo: int, n: int) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pydict({"id": list(range(lo, lo + n))})
+
+
+def make(tmp_path: Any, cls: type = JsonLinesSink, sink_id: str = "my-sink") -> Any:
+    return cls(str(tmp_path / "out"), sink_id=sink_id, log_location=str(tmp_path / "log"))
+
+
+def prepare(sink: Any, cid: int, task: int = 0, lo: int = 0, n: int = 5) -> Any:
+    return run_task(sink, TransactionContext(sink.sink_id, cid, str(task)), [batch(lo, n)])
+
+
+def coordinator(sink: Any) -> CheckpointCoordinator:
+    log = sink.transaction_log()
+    log.claim("test-owner")
+    return CheckpointCoordinator(sink, log)
+
+
+def test_user_sink_inv1_commit_through_the_coordinator_and_again_is_idempotent(tmp_path):
+    """Invariant 1: ``commit`` runs for a checkpoint the coordinator completed; completing it again (Spark
+    re-calling commit) writes no second copy; nothing is visible before."""
+    sink = make(tmp_path)
+    assert isinstance(sink, SinkSpec)
+    acks = [prepare(sink, 0, 0, 0, 5), prepare(sink, 0, 1, 5, 5)]
+    assert visible(sink.root) == []
+    coord = coordinator(sink)
+    coord.complete_batch(0, acks)
+    assert visible(sink.root) == list(range(10))
+    coordinator(sink).complete_batch(0, acks)
+    assert testing.commit(sink, acks[0].handle) is CommitStatus.COMMITTED  # a user commit that is a no-op
+    assert visible(sink.root) == list(range(10))
+    assert [c[0] for c in sink.calls] == ["commit", "commit", "commit"]
+    assert sink.transaction_log().store.list(PENDING_PREFIX) == []
+
+
+def test_user_sink_inv1_abort_of_a_declined_checkpoint(tmp_path):
+    """Invariant 1: a declined checkpoint's handles are aborted through ``abort``: nothing visible, nothing staged."""
+    sink = make(tmp_path)
+    ack = prepare(sink, 0)
+    coordinator(sink).abort_batch(0, [ack], "a task failed")
+    assert visible(sink.root) == [] and os.listdir(os.path.join(sink.root, "_staging")) == []
+    assert sink.calls[0][0] == "abort"
+    assert sink.transaction_log().store.list(PENDING_PREFIX) == []
+
+
+@pytest.mark.parametrize("cls", [JsonLinesSink, DataclassSink])
+def test_user_sink_inv1_recovery_in_a_fresh_object_calls_recover_and_commit(tmp_path, cls):
+    """Invariant 1: a commit that failed after the checkpoint was decided is repeated at recovery by a fresh
+    sink object (pickled: another process) through ``recover_and_commit``; a dataclass handle is rebuilt."""
+    sink = make(tmp_path, cls)
+    ack = prepare(sink, 0)
+    calls = {"n": 0}
+    real = sink.commit
+
+    def failing(txn: Any) -> None:
+        calls["n"] += 1
+        raise ConnectionError("destination unreachable")
+    sink.commit = failing
+    with pytest.raises(SinkHookError, match=f"{cls.__name__}.commit of sink 'my-sink'"):
+        coordinator(sink).complete_batch(0, [ack])
+    assert calls["n"] == 1 and visible(sink.root) == []
+    sink.commit = real
+    fresh = pickle.loads(pickle.dumps(sink))
+    report = CheckpointCoordinator(fresh, fresh.transaction_log()).recover()
+    assert report.committed == [0]
+    assert [c[0] for c in fresh.calls] == ["recover_and_commit", "commit"]  # the default delegates to commit
+    assert visible(sink.root) == list(range(5))
+
+
+def test_user_sink_inv1_inv5_a_lost_ack_is_recover_and_aborted_by_the_sweep(tmp_path):
+    """Invariant 1 and 5: a pre-committed task whose ack never reached the driver is aborted by the sweep
+    through ``recover_and_abort``; a newer checkpoint's pre-committed task is left alone."""
+    sink = make(tmp_path)
+    lost_ack = prepare(sink, 0, 0, 100, 3)  # noqa: F841 - its ack never reaches the driver
+    newer = prepare(sink, 2, 0, 200, 3)
+    coord = coordinator(sink)
+    coord.complete_batch(0, [prepare(sink, 0, 0, 0, 5)])
+    assert ("recover_and_abort", f"part-{sink_token('my-sink')}-0-0-{lost_ack.attempt_uid}.jsonl") in sink.calls
+    assert visible(sink.root) == list(range(5))
+    staged = os.listdir(os.path.join(sink.root, "_staging"))
+    assert staged == [f"{sink_token('my-sink')}-2-0-{newer.attempt_uid}.jsonl"], "the newer checkpoint's work was swept"
+    coord.complete_batch(2, [newer])
+    assert visible(sink.root) == [*range(5), *range(200, 203)]
+    assert os.listdir(os.path.join(sink.root, "_staging")) == []
+
+
+class BadHandleSink(JsonLinesSink):
+    bad: Any = None
+
+    def begin_transaction(self, context: TransactionContext) -> Any:
+        return {**super().begin_transaction(context), "conn": self.bad}
+
+
+@dataclass
+class TupleTxn:
+    staged: str
+    final: str
+    parts: tuple
+
+
+class TupleSink(DataclassSink):
+    def begin_transaction(self, context: TransactionContext) -> Any:
+        t = super().begin_transaction(context)
+        return TupleTxn(t.staged, t.final, ())
+
+    def pre_commit(self, txn: Any) -> None:
+        JsonLinesSink.pre_commit(self, txn)
+
+
+@pytest.mark.parametrize("bad,field", [(object(), r"txn\['conn'\]"), ((1, 2), r"txn\['conn'\] is a tuple"),
+                                       ({1: "x"}, r"txn\['conn'\]\[1\] has a int key"),
+                                       (float("nan"), r"txn\['conn'\] is nan")])
+def test_user_sink_inv2_a_handle_that_is_not_json_is_refused_naming_the_field(tmp_path, bad, field):
+    """Invariant 2: a non-JSON handle fails the task on pre_commit with an error naming the field; the
+    transaction is aborted (nothing staged is left) and nothing is visible."""
+    sink = make(tmp_path, BadHandleSink)
+    sink.bad = bad
+    with pytest.raises(ConfigurationError, match=field) as e:
+        prepare(sink, 0)
+    assert "BadHandleSink (sink 'my-sink')" in str(e.value)
+    assert sink.calls[-1][0] == "abort" and os.listdir(os.path.join(sink.root, "_staging")) == []
+    assert visible(sink.root) == []
+
+
+def test_user_sink_inv2_dataclass_fields_and_local_classes_are_checked(tmp_path):
+    """Invariant 2: a dataclass handle's fields are checked (named ``Class.field``); a dataclass that cannot be
+    imported by its name at recovery (defined in a function) is refused naming the class."""
+    with pytest.raises(ConfigurationError, match=r"field TupleTxn.parts is a tuple"):
+        prepare(make(tmp_path, TupleSink), 0)
+
+    @dataclass
+    class Local:
+        staged: str
+
+    class LocalSink(JsonLinesSink):
+        def begin_transaction(self, context: TransactionContext) -> Any:
+            return Local(super().begin_transaction(context)["staged"])
+
+        def write(self, txn: Any, b: Any) -> None:
+            pass
+
+        def pre_commit(self, txn: Any) -> None:
+            pass
+
+        def abort(self, txn: Any) -> None:
+            pass
+    with pytest.raises(ConfigurationError, match=r"its class .*<locals>.Local cannot be imported"):
+        prepare(make(tmp_path, LocalSink), 0)
+
+
+def test_user_sink_inv3_data_loss_in_commit_is_lost_with_the_operator_command(tmp_path):
+    """Invariant 3: a commit hook raising DataLossError is LOST with the hook, the sink id and the command; the
+    coordinator stops with DataLossError naming it."""
+    sink = make(tmp_path)
+    ack = prepare(sink, 0)
+    staged = glob.glob(os.path.join(sink.root, "_staging", "*"))
+    os.unlink(staged[0])
+    result = sink.create_committer().commit(sink.create_committer().decode(ack.handle))
+    assert result.status is CommitStatus.LOST
+    assert "JsonLinesSink.commit (sink 'my-sink')" in result.detail and "is gone" in result.detail
+    assert (f"twophase log resolve {tmp_path / 'log'} --sink-id my-sink --checkpoint 0 --accept-loss"
+            in result.detail)
+    with pytest.raises(DataLossError, match="--accept-loss"):
+        coordinator(sink).complete_batch(0, [ack])
+
+
+def test_user_sink_inv4_hook_errors_name_the_hook_and_the_sink(tmp_path):
+    """Invariant 4: an error of a user hook reaches the caller naming the hook and the sink id, chained."""
+    sink = make(tmp_path)
+
+    def boom(txn: Any, b: Any) -> None:
+        raise ValueError("column x is not supported")
+    sink.write = boom
+    with pytest.raises(SinkHookError, match=r"JsonLinesSink.write of sink 'my-sink' failed: ValueError: column x") as e:
+        prepare(sink, 0)
+    assert isinstance(e.value.__cause__, ValueError) and not e.value.retriable
+    assert sink.calls[-1][0] == "abort"  # the open transaction was aborted
+
+    sink = make(tmp_path, sink_id="other")
+    ack = prepare(sink, 0)
+    sink.abort = lambda txn: (_ for _ in ()).throw(OSError("disk gone"))
+    with pytest.raises(SinkHookError, match=r"JsonLinesSink.abort of sink 'other' failed: OSError") as e:
+        testing.abort(sink, ack.handle)
+    assert e.value.retriable
+
+
+def test_user_sink_inv6_sink_id_is_required_and_the_log_has_a_home(tmp_path):
+    """Invariant 6: sink_id is required and validated; with no log_location the log lives under the bound
+    owner (the query's checkpoint location), else a ConfigurationError names both ways."""
+    for bad in ("", "  ", None, " x", "a\nb", "x" * 300):
+        with pytest.raises(ConfigurationError, match="sink_id"):
+            JsonLinesSink(str(tmp_path), sink_id=bad)
+    with pytest.raises(TypeError):
+        JsonLinesSink(str(tmp_path))  # sink_id is required
+    with pytest.raises(ConfigurationError, match="guarantee"):
+        JsonLinesSink(str(tmp_path), sink_id="a", guarantee="twice")
+    sink = JsonLinesSink(str(tmp_path / "out"), sink_id="a")
+    with pytest.raises(ConfigurationError, match=r"log_location=.*sink.bind_owner\('<checkpointLocation>'\)"):
+        sink.transaction_log()
+    ck = str(tmp_path / "ck")
+    assert sink.bind_owner(ck) is sink
+    assert sink.transaction_log().location == os.path.join(ck, "twophase-sink", sink_token("a"))
+    assert sink.bind_owner("file:" + ck).resolved_log_location() == os.path.join(ck, "twophase-sink", sink_token("a"))
+
+    class Forgot(JsonLinesSink):
+        def __init__(self) -> None:  # no super().__init__
+            self.root = "x"
+    with pytest.raises(ConfigurationError, match=r"super\(\).__init__"):
+        Forgot().create_writer(TransactionContext("a", 0, "0"))
+
+
+def test_user_sink_inv1_at_least_once_commits_at_task_end(tmp_path):
+    """Invariant 1 (at-least-once): no coordinator runs, so the task commits its own transaction after pre_commit."""
+    sink = JsonLinesSink(str(tmp_path / "out"), sink_id="a", guarantee="at-least-once")
+    prepare(sink, 0)
+    assert visible(sink.root) == list(range(5))
+
+
+def test_user_sink_runs_in_the_embedded_runtime(tmp_path):
+    """``stream.sink_to(MySink(...))``: every record once."""
+    from twophase.runtime import CheckpointConfig, CollectionSource, JobGraph, JobRunner
+    g = JobGraph("user-sink")
+    sink = make(tmp_path)
+    g.source(CollectionSource([[{"id": i} for i in range(25)], [{"id": i} for i in range(25, 50)]]), uid="src", parallelism=1).sink_to(
+        sink, uid="sink", parallelism=2)
+    JobRunner(g, checkpointing=CheckpointConfig(0.02), owner=str(tmp_path / "ck")).run()
+    assert visible(sink.root) == list(range(50))
+
+
+# --------------------------------------------------------------------------- the conformance suite
+
+
+class JsonLinesHarness(testing.SinkHarness):
+    """One output directory; every sink built on it shares it under its own sink id (and its own log)."""
+
+    name = "user-jsonl"
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+
+    def make_sink(self, sink_id: str) -> SinkSpec[Any]:
+        return JsonLinesSink(os.path.join(self.root, "out"), sink_id=sink_id,
+                             log_location=os.path.join(self.root, "logs", sink_token(sink_id)))
+
+    def visible_ids(self) -> list[int]:
+        return visible(os.path.join(self.root, "out"))
+
+    def leftovers(self, sink: SinkSpec[Any]) -> int:
+        return len(glob.glob(os.path.join(self.root, "out", "_staging", f"{sink_token(sink.sink_id)}-*")))
+
+
+@pytest.mark.parametrize("check", testing.CONFORMANCE_CHECKS, ids=lambda c: c.__name__.removeprefix("conformance_"))
+def test_user_sink_conformance(tmp_path, check):
+    """The conformance suite of every sink, against a user's TwoPhaseCommitSink."""
+    check(JsonLinesHarness(str(tmp_path)))

@@ -1,0 +1,404 @@
+"""``TwoPhaseCommitSink``: the base class of a user's own exactly-once sink (Flink's ``TwoPhaseCommitSinkFunction``).
+
+A user writes one class with seven hooks, and it plugs in wherever a built-in sink does::
+
+    import twophase
+
+    class MySink(twophase.TwoPhaseCommitSink):
+        def __init__(self, url, **kw):
+            super().__init__(**kw)                        # sink_id=..., log_location=None, guarantee="exactly-once"
+            self.url = url
+        def begin_transaction(self, context): ...        # executor -> the transaction handle (TXN)
+        def write(self, txn, batch): ...                  # executor; batch: pyarrow.RecordBatch
+        def pre_commit(self, txn): ...                    # executor; durable and invisible after it returns
+        def commit(self, txn): ...                        # driver; after the checkpoint is durable; idempotent
+        def abort(self, txn): ...                         # idempotent; never touches committed data
+        def recover_and_commit(self, txn): ...            # default: commit(txn); at recovery, writer long gone
+        def recover_and_abort(self, txn): ...             # default: abort(txn)
+
+It is an adapter onto the connector API of :mod:`twophase.sink`, not a second protocol:
+:class:`TwoPhaseCommitSink` IS a :class:`~twophase.sink.SinkSpec` whose writer calls ``begin_transaction`` /
+``write`` / ``pre_commit`` and whose committer calls ``commit`` / ``recover_and_commit`` (``recovering=True``) /
+``abort`` / ``recover_and_abort``. The coordinator, the transaction log, the fault points, ``run_task`` and the
+conformance suite (:data:`twophase.testing.CONFORMANCE_CHECKS`) are the built-in sinks' own, unchanged.
+
+The transaction handle (``TXN``) travels from the executor to the driver and into the log, and is rebuilt at
+recovery in another process: it is a JSON value (dict with str keys, list, str, int, float, bool, None) or a
+dataclass of such fields (its class is recorded as ``module:qualname`` and rebuilt with ``cls(**fields)``).
+
+Lingering transactions (invariant 5 of :mod:`twophase.sink`) need no hook of the user: after ``pre_commit`` the
+writer records the handle under ``user-pending/`` in the sink's log store (next to the log's ``checkpoints/``,
+which it never touches); ``commit`` and ``abort`` remove that record, and the sweep ``abort_lingering(n)`` calls
+``recover_and_abort`` on every recorded handle of a checkpoint ``<= n`` that is still there (a losing attempt, a
+pre-committed task whose ack never reached the driver). Executors therefore need to reach the log location
+(the query's checkpoint location is on shared storage anyway). A task that dies between its ``pre_commit``
+returning and that record being written leaves its transaction to the destination's own expiry, as in Flink.
+
+Invariants (named in tests as ``test_user_sink_invN_*``):
+
+1. The hooks run where and when the table of :mod:`twophase.sink` says for the hook they adapt: ``commit`` only for
+   a checkpoint the log decided COMPLETED, ``recover_and_commit`` when that commit is repeated at recovery
+   (``recovering=True``), ``recover_and_abort`` for a PENDING checkpoint found at recovery and for the sweep.
+2. A handle that is not JSON (or a dataclass of JSON fields, importable by its ``module:qualname``) is refused on
+   ``pre_commit``, before the task acks, with a :class:`~twophase.errors.ConfigurationError` naming the field;
+   the task fails and its transaction is aborted. What is accepted comes back equal from JSON (no tuple, no
+   non-str dict key, no NaN: those would change on the way).
+3. A commit hook raising :class:`~twophase.errors.DataLossError` makes the committable LOST, with a detail naming
+   the hook, the sink id and the operator command (``twophase log resolve ... --accept-loss``); the coordinator
+   stops with DataLossError. Nothing is ever swallowed.
+4. Any other exception of a user hook reaches the caller as :class:`SinkHookError` (or DataLossError) whose
+   message names the hook (``MySink.commit``) and the sink id, the original chained; ``retriable`` is the
+   original's (a :class:`~twophase.errors.TwoPhaseError`) or True for an ``OSError``.
+5. The sweep aborts only handles this sink recorded (its own log store, keyed by its sink id), of checkpoints
+   ``<= n``; a committed handle's record is removed by its commit before the checkpoint is recorded COMMITTED,
+   so the sweep never aborts it (and ``abort`` must never touch committed data anyway).
+6. ``sink_id`` is required and validated; the log is at ``log_location``, else under the query's checkpoint
+   location (``<owner>/twophase-sink/<token of sink id>``, see :meth:`TwoPhaseCommitSink.bind_owner`), else a
+   ConfigurationError names both ways.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import enum
+import importlib
+import json
+import math
+import os
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Generic, Optional, TypeVar, Union
+
+from twophase._logging import get_logger
+from twophase.errors import ConfigurationError, DataLossError, SinkHookError, TwoPhaseError
+from twophase.log import TransactionLog
+from twophase.sink import (Committable, CommitResult, CommitStatus, Guarantee, SinkCommitter, SinkSpec, SinkWriter,
+                           TransactionContext, sink_token)
+
+_log = get_logger(__name__)
+
+TXN = TypeVar("TXN")
+
+#: where the writer records pre-committed handles in the sink's log store (invariant 5)
+PENDING_PREFIX = "user-pending/"
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.]")
+_MAX_SINK_ID = 256
+
+
+@dataclass(frozen=True, kw_only=True)
+class UserCommittable(Committable):
+    """The committable of a :class:`TwoPhaseCommitSink`: the user's transaction handle as JSON, and the
+    ``module:qualname`` of its dataclass ("" for a plain JSON value)."""
+
+    kind: ClassVar[str] = "user"
+    txn: Any = None
+    txn_class: str = ""
+
+
+# --------------------------------------------------------------------------- the handle as JSON (invariant 2)
+
+
+def _refuse(sink: "TwoPhaseCommitSink[Any]", path: str, why: str) -> ConfigurationError:
+    return ConfigurationError(
+        f"{type(sink).__name__} (sink {sink.sink_id!r}): the transaction handle must be a JSON value (dict with str "
+        f"keys, list, str, int, float, bool, None) or a dataclass of such fields, to travel to the driver and be "
+        f"rebuilt at recovery; {path} {why}. Keep only names and ids in the handle (a client or connection belongs "
+        "on the sink object, created lazily)")
+
+
+def _check_json(sink: "TwoPhaseCommitSink[Any]", value: Any, path: str) -> None:
+    if value is None or (isinstance(value, (bool, str, int)) and not isinstance(value, enum.Enum)):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise _refuse(sink, path, f"is {value!r}, which JSON does not carry")
+        return
+    if isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_json(sink, v, f"{path}[{i}]")
+        return
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise _refuse(sink, f"{path}[{k!r}]", f"has a {type(k).__name__} key (JSON keys are str: use str keys)")
+            _check_json(sink, v, f"{path}[{k!r}]")
+        return
+    if isinstance(value, tuple):
+        raise _refuse(sink, path, "is a tuple (it would come back as a list): use a list")
+    if dataclasses.is_dataclass(value):
+        raise _refuse(sink, path, f"is a {type(value).__name__} dataclass (only the handle itself may be a "
+                                  "dataclass): use a dict")
+    raise _refuse(sink, path, f"is a {type(value).__module__}.{type(value).__qualname__}")
+
+
+def _class_path(cls: type) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def _resolve(path: str) -> Any:
+    module, _, qualname = path.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def encode_txn(sink: "TwoPhaseCommitSink[Any]", txn: Any) -> tuple[Any, str]:
+    """``(JSON value, class path)`` of a handle, or a ConfigurationError naming the field that cannot travel."""
+    if dataclasses.is_dataclass(txn) and not isinstance(txn, type):
+        cls = type(txn)
+        path = _class_path(cls)
+        try:
+            found = _resolve(path)
+        except (ImportError, AttributeError):
+            found = None
+        if found is not cls:
+            raise _refuse(sink, f"its class {path}", "cannot be imported by that name at recovery (defined inside a "
+                                                   "function?): define the dataclass at module level")
+        out = {}
+        for f in dataclasses.fields(txn):
+            if not f.init:
+                continue  # rebuilt by the class itself
+            v = getattr(txn, f.name)
+            _check_json(sink, v, f"field {cls.__qualname__}.{f.name}")
+            out[f.name] = v
+        return out, path
+    _check_json(sink, txn, "txn")
+    return txn, ""
+
+
+def decode_txn(sink: "TwoPhaseCommitSink[Any]", committable: UserCommittable) -> Any:
+    """The handle of ``committable`` as the user's hooks take it (a dataclass is rebuilt from its class path)."""
+    if not committable.txn_class:
+        return committable.txn
+    try:
+        cls = _resolve(committable.txn_class)
+        return cls(**committable.txn)
+    except (ImportError, AttributeError, TypeError) as e:
+        raise ConfigurationError(
+            f"{type(sink).__name__} (sink {sink.sink_id!r}): the transaction handle of checkpoint "
+            f"{committable.checkpoint_id} task {committable.task_id} is a {committable.txn_class} and cannot be rebuilt "
+            f"in this process ({type(e).__name__}: {e}); install the module that defines it where the driver runs")
+
+
+# --------------------------------------------------------------------------- the user's base class
+
+
+class TwoPhaseCommitSink(SinkSpec[UserCommittable], Generic[TXN]):
+    """Base of a user's own exactly-once sink: implement the hooks, pass it where a sink goes.
+
+    ``twophase.spark.foreach_batch(MySink(..., log_location=...), owner=checkpoint)`` (or
+    ``MySink(...).bind_owner(checkpoint)`` for the log under the checkpoint location), ``stream.sink_to(MySink(...,
+    log_location=...))`` in the embedded runtime. See the module docstring for the invariants.
+    """
+
+    #: the sweep is one listing of the sink's own pending records: sweep right after each commit too
+    sweep_after_commit = True
+
+    def __init__(self, *, sink_id: str, log_location: Optional[str] = None,
+                 guarantee: Union[str, Guarantee] = Guarantee.EXACTLY_ONCE) -> None:
+        where = type(self).__name__
+        if not isinstance(sink_id, str) or not sink_id.strip():
+            raise ConfigurationError(f"{where}: sink_id is required, a non-empty string that stays the same across "
+                                     f"restarts (the transaction log is keyed by it), got {sink_id!r}")
+        if sink_id != sink_id.strip() or len(sink_id) > _MAX_SINK_ID or any(not c.isprintable() for c in sink_id):
+            raise ConfigurationError(f"{where}: sink_id {sink_id!r} must be printable, at most {_MAX_SINK_ID} "
+                                     "characters, without leading or trailing spaces")
+        if log_location is not None and (not isinstance(log_location, str) or not log_location.strip()):
+            raise ConfigurationError(f"{where}: log_location must be a path or URL (or None: under the query's "
+                                     f"checkpoint location), got {log_location!r}")
+        self.sink_id = sink_id
+        self.log_location = log_location
+        self.guarantee = guarantee if isinstance(guarantee, Guarantee) else Guarantee.parse(str(guarantee))
+        #: the query's checkpoint location, set by :meth:`bind_owner`; the default home of the log
+        self.owner: Optional[str] = None
+        self._twophase_init = True
+
+    # ---- the user's hooks
+
+    @abc.abstractmethod
+    def begin_transaction(self, context: TransactionContext) -> TXN:
+        """Open a transaction for ``context`` (executor); returns its handle (JSON or a dataclass of JSON)."""
+
+    @abc.abstractmethod
+    def write(self, txn: TXN, batch: Any) -> None:
+        """Write one ``pyarrow.RecordBatch`` into ``txn`` (executor); nothing is visible to readers."""
+
+    @abc.abstractmethod
+    def pre_commit(self, txn: TXN) -> None:
+        """Make ``txn`` durable and still invisible (executor); after it returns, ``txn`` travels as JSON."""
+
+    @abc.abstractmethod
+    def commit(self, txn: TXN) -> None:
+        """Make ``txn`` visible (driver, after the checkpoint is durable); idempotent. Raise
+        :class:`~twophase.errors.DataLossError` if its data is gone."""
+
+    @abc.abstractmethod
+    def abort(self, txn: TXN) -> None:
+        """Discard ``txn``; idempotent; never touches committed data."""
+
+    def recover_and_commit(self, txn: TXN) -> None:
+        """Commit ``txn`` at recovery (another process; the writer long gone). Default: :meth:`commit`."""
+        self.commit(txn)
+
+    def recover_and_abort(self, txn: TXN) -> None:
+        """Abort ``txn`` at recovery or in the sweep (the writer gone). Default: :meth:`abort`."""
+        self.abort(txn)
+
+    # ---- plumbing
+
+    def bind_owner(self, owner: Optional[str]) -> "TwoPhaseCommitSink[TXN]":
+        """Tell the sink its query's checkpoint location (the log's default home when ``log_location`` is None);
+        returns the sink. The adapters call it with the location they claim the log for."""
+        self._check_init()
+        if owner:
+            self.owner = owner
+        return self
+
+    def _check_init(self) -> None:
+        if not getattr(self, "_twophase_init", False):
+            raise ConfigurationError(f"{type(self).__name__}.__init__ did not call super().__init__(sink_id=..., "
+                                     "log_location=..., guarantee=...); add that call")
+
+    def resolved_log_location(self) -> str:
+        """Where this sink's transaction log is (invariant 6)."""
+        self._check_init()
+        if self.log_location:
+            return self.log_location
+        if self.owner:
+            owner = self.owner
+            if owner.startswith("file:") and not owner.startswith("file://"):
+                owner = owner[len("file:"):]
+            token = sink_token(self.sink_id)
+            return (f"{owner.rstrip('/')}/twophase-sink/{token}" if "://" in owner
+                    else os.path.join(owner, "twophase-sink", token))
+        raise ConfigurationError(
+            f"{type(self).__name__} (sink {self.sink_id!r}) has no place for its transaction log: pass "
+            "log_location='/path/or/s3://bucket/prefix' to the constructor (kept across restarts, reachable from the "
+            "driver and the executors), or give it the query's checkpoint location: "
+            "sink.bind_owner('<checkpointLocation>') (the log then lives under it)")
+
+    def transaction_log(self) -> TransactionLog:
+        return TransactionLog.open(self.resolved_log_location(), self.sink_id)
+
+    def create_writer(self, context: TransactionContext) -> "_UserWriter":
+        self._check_init()
+        return _UserWriter(self, context)
+
+    def create_committer(self) -> "_UserCommitter":
+        self._check_init()
+        return _UserCommitter(self)
+
+    def call_hook(self, hook: str, *args: Any) -> Any:
+        """Run user hook ``hook`` (invariant 4: its errors name the hook and the sink id)."""
+        fn: Callable[..., Any] = getattr(self, hook)
+        what = f"{type(self).__name__}.{hook} of sink {self.sink_id!r}"
+        try:
+            return fn(*args)
+        except ConfigurationError as e:
+            raise ConfigurationError(f"{what}: {e}") from e
+        except DataLossError as e:
+            raise DataLossError(f"{what} declared the data gone: {e}") from e
+        except Exception as e:
+            retriable = e.retriable if isinstance(e, TwoPhaseError) else isinstance(e, OSError)
+            raise SinkHookError(f"{what} failed: {type(e).__name__}: {e}", retriable=retriable) from e
+
+    # ---- pending records (invariant 5)
+
+    def _pending_name(self, c: Committable) -> str:
+        return f"{PENDING_PREFIX}{c.checkpoint_id:020d}-{_UNSAFE.sub('_', c.task_id)}-{_UNSAFE.sub('_', c.attempt_uid)}.json"
+
+
+class _UserWriter(SinkWriter[UserCommittable]):
+    """Task side: ``begin_transaction`` at creation, ``write`` per batch, ``pre_commit`` then the pending record."""
+
+    def __init__(self, sink: TwoPhaseCommitSink[Any], context: TransactionContext) -> None:
+        super().__init__(context)
+        self.sink = sink
+        self.records = 0
+        self.txn = sink.call_hook("begin_transaction", context)
+
+    def write(self, batch: Any) -> int:
+        self.sink.call_hook("write", self.txn, batch)
+        n = getattr(batch, "num_rows", None)
+        n = len(batch) if n is None else int(n)
+        self.records += n
+        return n
+
+    def prepare_commit(self) -> UserCommittable:
+        sink, c = self.sink, self.context
+        sink.call_hook("pre_commit", self.txn)
+        value, cls_path = encode_txn(sink, self.txn)  # invariant 2: before the ack
+        committable = UserCommittable(checkpoint_id=c.checkpoint_id, task_id=c.task_id, attempt_uid=c.attempt_uid,
+                                      records=self.records, txn=value, txn_class=cls_path)
+        if sink.guarantee is Guarantee.AT_LEAST_ONCE:
+            sink.call_hook("commit", self.txn)  # no coordinator: visible at task end
+            return committable
+        sink.transaction_log().store.put(sink._pending_name(committable),
+                                         json.dumps(committable.to_json()).encode())
+        return committable
+
+    def abort(self) -> None:
+        self.sink.call_hook("abort", self.txn)
+
+
+class _UserCommitter(SinkCommitter[UserCommittable]):
+    """Driver side: ``commit`` / ``recover_and_commit``, ``abort`` / ``recover_and_abort``, and the sweep."""
+
+    committable_type = UserCommittable
+
+    def __init__(self, sink: TwoPhaseCommitSink[Any]) -> None:
+        self.sink = sink
+        self._store: Any = None
+
+    @property
+    def store(self) -> Any:
+        if self._store is None:
+            self._store = self.sink.transaction_log().store
+        return self._store
+
+    def commit(self, committable: UserCommittable, *, recovering: bool = False) -> CommitResult[UserCommittable]:
+        sink = self.sink
+        hook = "recover_and_commit" if recovering else "commit"
+        txn = decode_txn(sink, committable)
+        try:
+            sink.call_hook(hook, txn)
+        except DataLossError as e:  # invariant 3
+            location = sink.resolved_log_location()
+            return CommitResult(committable, CommitStatus.LOST, (
+                f"{type(sink).__name__}.{hook} (sink {sink.sink_id!r}): checkpoint {committable.checkpoint_id} task "
+                f"{committable.task_id}: {e.__cause__ or e}. Checkpoint {committable.checkpoint_id} stays COMPLETED and "
+                f"every restart stops here until an operator records the loss: twophase log resolve {location} "
+                f"--sink-id {sink.sink_id} --checkpoint {committable.checkpoint_id} --accept-loss"))
+        self.store.delete(sink._pending_name(committable))
+        return CommitResult(committable, CommitStatus.COMMITTED)
+
+    def abort(self, committable: UserCommittable, *, recovering: bool = False) -> None:
+        sink = self.sink
+        sink.call_hook("recover_and_abort" if recovering else "abort", decode_txn(sink, committable))
+        self.store.delete(sink._pending_name(committable))
+
+    def abort_lingering(self, up_to_checkpoint: int, highest_committed: Optional[int]) -> int:
+        aborted = 0
+        for name in self.store.list(PENDING_PREFIX):
+            base = name.rsplit("/", 1)[-1]
+            try:
+                checkpoint_id = int(base.split("-", 1)[0])
+            except ValueError:
+                continue  # not one of ours
+            if checkpoint_id > up_to_checkpoint:
+                continue  # a newer checkpoint may still ack it
+            raw = self.store.get(name if name.startswith(PENDING_PREFIX) else PENDING_PREFIX + name)
+            if raw is None:
+                continue
+            committable = UserCommittable.from_json(json.loads(raw))
+            self.sink.call_hook("recover_and_abort", decode_txn(self.sink, committable))
+            self.store.delete(self.sink._pending_name(committable))
+            aborted += 1
+        if aborted:
+            _log.info("lingering_aborted", sink_id=self.sink.sink_id, up_to=up_to_checkpoint, transactions=aborted)
+        return aborted
+
+
+__all__ = ["PENDING_PREFIX", "SinkHookError", "TwoPhaseCommitSink", "UserCommittable", "decode_txn", "encode_txn"]
