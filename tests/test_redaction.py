@@ -456,3 +456,25 @@ def test_azure_log_records_and_logs_of_a_sink_on_azure_carry_no_secret(tmp_path,
     for path, data in all_bytes_under(str(tmp_path / "log")):
         assert_no_secret(data, path)
     assert_no_secret(caplog.text, "log output")
+
+
+
+def test_user_sink_hook_errors_pass_through_the_redaction() -> None:
+    """A user hook's exception that quotes a URL with a password or a ``password=`` setting reaches the driver
+    as SinkHookError without the secret (twophase/_redact.py is the one place)."""
+    from twophase.errors import SinkHookError
+    from twophase.user_sink import TwoPhaseCommitSink
+
+    class Leaky(TwoPhaseCommitSink):
+        def begin_transaction(self, context):
+            raise RuntimeError(f"cannot connect to postgresql://app:{URL_PW}@db:5432/x password={URL_PW}")
+        def write(self, txn, batch): ...
+        def pre_commit(self, txn): ...
+        def commit(self, txn): ...
+        def abort(self, txn): ...
+
+    sink = Leaky(sink_id="leaky", log_location="/tmp/unused-leaky-log")
+    with pytest.raises(SinkHookError) as e:
+        sink.call_hook("begin_transaction", None)
+    assert "Leaky.begin_transaction of sink 'leaky'" in str(e.value)
+    assert_no_secret(str(e.value), "SinkHookError")

@@ -71,6 +71,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Generic, Optional, TypeVar, Union
 
 from twophase._logging import get_logger
+from twophase._redact import redact_text
 from twophase.errors import ConfigurationError, DataLossError, SinkHookError, TwoPhaseError
 from twophase.log import TransactionLog
 from twophase.sink import (Committable, CommitResult, CommitStatus, Guarantee, SinkCommitter, SinkSpec, SinkWriter,
@@ -297,12 +298,13 @@ class TwoPhaseCommitSink(SinkSpec[UserCommittable], Generic[TXN]):
         try:
             return fn(*args)
         except ConfigurationError as e:
-            raise ConfigurationError(f"{what}: {e}") from e
+            raise ConfigurationError(f"{what}: {redact_text(str(e))}") from e
         except DataLossError as e:
-            raise DataLossError(f"{what} declared the data gone: {e}") from e
-        except Exception as e:
+            raise DataLossError(f"{what} declared the data gone: {redact_text(str(e))}") from e
+        except Exception as e:  # the user's message passes through the one redaction (a URL's password, a key=)
             retriable = e.retriable if isinstance(e, TwoPhaseError) else isinstance(e, OSError)
-            raise SinkHookError(f"{what} failed: {type(e).__name__}: {e}", retriable=retriable) from e
+            raise SinkHookError(f"{what} failed: {type(e).__name__}: {redact_text(str(e))}",
+                                retriable=retriable) from e
 
     # ---- pending records (invariant 5)
 
