@@ -304,3 +304,34 @@ def test_write_job_inv6_a_running_task_keeps_its_run_alive_when_the_planner_is_g
     assert report["abandoned"] == [] and report["running"] == ["long"]
     commit_write_job(job, acks)
     assert visible_ids(sink.root) == list(range(100))
+
+
+def test_write_job_inv5_bookkeeping_after_commit_failing_never_reports_the_committed_write_failed(sink, monkeypatch,
+                                                                                                 caplog):
+    """Invariant 5: once the run is COMMITTED, the driver's bookkeeping after it (the heartbeat's stop, the
+    registry's update: one S3 5xx, ENOSPC) is best effort: Spark's commit() returns, and an abort() Spark
+    calls anyway (it finds the run COMMITTED) says the rows are committed, never that the write aborted."""
+    import logging
+    from twophase.decisions import CommitOutcome
+    job = plan_write_job(sink)  # no writeId: a re-run after a reported failure would write every row twice
+    acks = run_tasks(job, PARTS)
+    real_settle, calls = wj._settle, [0]
+
+    def failing_settle(*a, **k):  # one transient failure of the registry's put, then it works
+        calls[0] += 1
+        if calls[0] == 1:
+            raise OSError(28, "No space left on device (registry put)")
+        return real_settle(*a, **k)
+
+    monkeypatch.setattr(wj, "_settle", failing_settle)
+    caplog.set_level(logging.INFO)
+    commit_write_job(job, acks)  # Spark's commit() returns: the job succeeds
+    assert "write_job_bookkeeping_failed" in caplog.text and job.key in caplog.text
+    assert [w["key"] for w in open_writes(sink)] == [job.key]  # the entry stays: the next recovery settles it
+    outcome = abort_write_job(job, acks, "the Spark job failed")  # were abort() called anyway
+    assert outcome is CommitOutcome.ALREADY_COMMITTED
+    assert "write_job_aborted" not in caplog.text
+    assert visible_ids(sink.root) == list(range(100))
+    assert job.spec.transaction_log().get(0).state is CheckpointState.COMMITTED
+    plan_write_job(sink, write_id="next")  # the next write's recovery settles it (swept-once), if abort() did not
+    assert job.key not in [w["key"] for w in open_writes(sink)]

@@ -514,7 +514,8 @@ class CheckpointCoordinator:
         A run that is COMPLETED is decided and only ever goes forward (write_job invariant 5): Spark calls
         abort when its commit threw after the decision (a transient error while committing), so the run is
         committed here, exactly as a commit would (WRITE_JOB_COMMIT on COMPLETED), and the outcome returned
-        (None: nothing was committed)."""
+        (None: nothing was committed). A run found COMMITTED (Spark's commit threw after the commit, in its
+        bookkeeping) returns ALREADY_COMMITTED: its rows are committed, nothing is aborted."""
         present = [a for a in acks if a is not None]
         with self._lock, self.log.locked():
             call = self._read(checkpoint_id, handles=[a.handle for a in present])
@@ -522,6 +523,10 @@ class CheckpointCoordinator:
                 call = self._read(checkpoint_id, handles=[a.handle for a in present], acks=present)
                 return self._commit_write_job_call(call)
             self._run(Event.WRITE_JOB_ABORT, call.state, Facts(reason=reason), call)
+            if call.state is CheckpointState.COMMITTED:  # the record read at the start of this lock span
+                # committed (by this job's commit before an error in what followed it, or by another driver):
+                # the acked handles are the recorded ones, nothing was aborted; never reported as an abort
+                return CommitOutcome.ALREADY_COMMITTED
             return None
 
     def take_over_write_job(self, checkpoint_id: int, reason: str) -> Optional[CheckpointState]:

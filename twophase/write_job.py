@@ -505,6 +505,21 @@ def _forget_if_final(job: WriteJob) -> bool:
     return _settle(job.base.transaction_log(), job.key, job.spec.transaction_log())
 
 
+def _bookkeeping(job: WriteJob, when: str) -> None:
+    """After the run's commit or abort: stop its heartbeat, settle its registry entry. Best effort (invariant
+    5): the run's state is what the log says; an error here (an S3 5xx, ENOSPC) must not make Spark's commit()
+    throw for a COMMITTED run (Spark would call abort() and report the job failed: a re-run without writeId
+    writes every row twice). The entry stays and the next write's recovery settles it."""
+    for step in (stop_heartbeat, _forget_if_final):
+        try:
+            step(job)
+        except Exception as e:  # noqa: BLE001 - see above
+            _log.warning("write_job_bookkeeping_failed", sink_id=job.spec.sink_id, write_id=job.write_id,
+                         key=job.key, run=job.checkpoint_id, step=step.__name__, when=when, error=str(e),
+                         consequence=f"the run's state is as recorded; batch write {job.write_id or job.key!r} stays "
+                                     "in the registry until the next batch write to this destination settles it")
+
+
 def commit_write_job(job: WriteJob, acks: Sequence[Optional[Ack]]) -> Optional[CommitOutcome]:
     """Spark's driver commit of the run: complete, commit, sweep; then forget the write in the registry.
 
@@ -523,8 +538,7 @@ def commit_write_job(job: WriteJob, acks: Sequence[Optional[Ack]]) -> Optional[C
         except Exception as e:  # noqa: BLE001 - a decided run is retried whatever the sink raised
             rec = _record(job)
             if rec is None or rec.state is not CheckpointState.COMPLETED:
-                stop_heartbeat(job)
-                _forget_if_final(job)
+                _bookkeeping(job, "commit failed before the decision")
                 raise
             if attempt == COMMIT_ATTEMPTS:
                 _log.error("write_job_commit_failed_after_decision", sink_id=job.spec.sink_id, write_id=job.write_id,
@@ -542,8 +556,7 @@ def commit_write_job(job: WriteJob, acks: Sequence[Optional[Ack]]) -> Optional[C
                          run=job.checkpoint_id, attempt=attempt, pause_s=pause, error=str(e),
                          consequence="the run is decided: its commit is retried, never abandoned")
             time.sleep(pause)
-    stop_heartbeat(job)
-    _forget_if_final(job)
+    _bookkeeping(job, "committed")  # best effort: the run is COMMITTED, Spark's commit() must return
     _log.info("write_job_committed", sink_id=job.spec.sink_id, write_id=job.write_id, run=job.checkpoint_id,
               outcome=str(outcome), tasks=len(acks))
     return outcome
@@ -561,8 +574,15 @@ def abort_write_job(job: WriteJob, acks: Sequence[Optional[Ack]], reason: str) -
             outcome = CheckpointCoordinator(job.spec, sweep_after_commit=True).abort_write_job(
                 job.checkpoint_id, acks, reason)
     finally:
-        stop_heartbeat(job)
-        _forget_if_final(job)
+        _bookkeeping(job, "abort")
+    if outcome is CommitOutcome.ALREADY_COMMITTED:
+        # Spark calls abort() when its commit() threw, also after the run was COMMITTED (an error in what
+        # followed): the rows are committed, whole; the job must not be believed aborted (invariant 5)
+        _log.warning("write_job_abort_found_it_committed", sink_id=job.spec.sink_id, write_id=job.write_id,
+                     run=job.checkpoint_id, reason=reason,
+                     consequence="nothing was aborted: every row of this write is committed, whatever error Spark "
+                                 "reports; do not re-run it without option writeId (its rows would be written twice)")
+        return outcome
     if outcome is not None:
         _log.warning("write_job_committed_at_abort", sink_id=job.spec.sink_id, write_id=job.write_id,
                      run=job.checkpoint_id, outcome=str(outcome), reason=reason,
