@@ -335,3 +335,46 @@ def test_write_job_inv5_bookkeeping_after_commit_failing_never_reports_the_commi
     assert job.spec.transaction_log().get(0).state is CheckpointState.COMMITTED
     plan_write_job(sink, write_id="next")  # the next write's recovery settles it (swept-once), if abort() did not
     assert job.key not in [w["key"] for w in open_writes(sink)]
+
+
+class _DriverDied(BaseException):
+    pass
+
+
+def test_write_job_inv7_a_rerun_planned_during_another_hosts_final_sweep_keeps_its_registry_entry(sink, monkeypatch):
+    """Invariants 2 and 7, across hosts (object-store logs lock only locally): another write's recovery reads
+    write K swept-once, sweeps it (minutes on a large destination) while another host re-runs K (run 1, a new
+    registry entry): the recovery forgets K only if its entry is unchanged since it was read, so when run 1's
+    driver dies in the middle of its commit, the next batch write to the destination finishes it."""
+    j0 = plan_write_job(sink, write_id="K")
+    abort_write_job(j0, run_tasks(j0, PARTS), "the Spark job failed")  # run 0 ABORTED, entry swept-once
+    rerun: dict = {}
+    real_sweep = CheckpointCoordinator.sweep_write_job
+
+    def sweep_while_another_host_reruns_k(self, up_to):
+        n = real_sweep(self, up_to)
+        if not rerun:
+            rerun["job"] = plan_write_job(sink, write_id="K")
+        return n
+
+    with _no_lock(monkeypatch):
+        monkeypatch.setattr(CheckpointCoordinator, "sweep_write_job", sweep_while_another_host_reruns_k)
+        plan_write_job(sink, write_id="other-write")  # the other host: a write to the same destination
+        monkeypatch.setattr(CheckpointCoordinator, "sweep_write_job", real_sweep)
+    j1 = rerun["job"]
+    assert j1.checkpoint_id == 1
+    assert [(w["key"], w["run"]) for w in open_writes(sink) if w["key"] == "K"] == [("K", 1)]
+    real_commit = CheckpointCoordinator._commit_handles
+
+    def die(self, checkpoint_id, handles, *, recovering):  # run 1's driver dies with one of two files linked
+        real_commit(self, checkpoint_id, handles[:1], recovering=recovering)
+        raise _DriverDied()
+
+    monkeypatch.setattr(CheckpointCoordinator, "_commit_handles", die)
+    with pytest.raises(_DriverDied):
+        commit_write_job(j1, run_tasks(j1, PARTS))
+    monkeypatch.undo()
+    wj._HEARTBEATS.clear()
+    plan_write_job(sink, write_id="later", abandon_after_ms=0)  # the next write, past every grace period
+    assert j1.spec.transaction_log().get(1).state is CheckpointState.COMMITTED
+    assert visible_ids(sink.root) == list(range(100))

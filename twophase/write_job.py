@@ -62,7 +62,11 @@ Invariants (``test_write_job_invN_*``):
    write's ``heartbeat.json`` every ``batch.abandonAfter / 4`` (at most :data:`HEARTBEAT_MAX_INTERVAL_S`)
    until the run is final or its commit/abort has returned, so a healthy long run is never abandoned.
 7. The registry forgets a write only when every run of it is final, read under the write log's lock;
-   a run planned whose PENDING record is not written yet is running until ``batch.abandonAfter``.
+   a run planned whose PENDING record is not written yet is running until ``batch.abandonAfter``. Every
+   change of an entry is conditional on the version read before the decision (a compare-and-swap; the
+   delete re-reads it, the stores have no conditional delete): an entry a re-run put meanwhile (another
+   host: object-store logs lock only locally) is never overwritten, and its planner re-puts it if it is
+   gone once its PENDING record exists.
 8. A finished write stays in the registry (state ``swept-once``) until one more sweep has run: the next
    batch write's recovery sweeps it again (stragglers: an upload a speculative or taken-over task opened
    after the final sweep's listing) and then forgets it.
@@ -87,7 +91,7 @@ from twophase._logging import get_logger
 from twophase.coordinator import CheckpointCoordinator
 from twophase.decisions import CommitOutcome
 from twophase.errors import CommitFailedError, ConcurrentWriterError, ConfigurationError
-from twophase.log import CheckpointRecord, LogView, TransactionLog, decode_record, encode_record
+from twophase.log import CheckpointRecord, LogView, TransactionLog, _same_version, decode_record, encode_record
 from twophase.options import Option, parse_duration_ms
 from twophase.sink import Ack, Guarantee, SinkSpec
 from twophase.states import CheckpointState
@@ -148,13 +152,30 @@ def _registry_name(key: str) -> str:
     return f"{REGISTRY}{key}.json"
 
 
-def _forget(base_log: TransactionLog, key: str) -> None:
+def _forget(base_log: TransactionLog, key: str, version: Optional[str]) -> bool:
+    """Delete the write's registry entry only if it is still at ``version`` (the one read before the
+    decision): a re-run of the write planned meanwhile on another host (object-store logs lock only
+    locally) has put its own entry, which must stay (invariants 2 and 7). The stores have no conditional
+    delete: the re-read right before the delete leaves a window of one request, not the sweep's minutes.
+    Returns whether it deleted."""
+    _, now = _registry_entry_versioned(base_log, key)
+    if version is None or not _same_version(now, version):
+        _log.info("write_job_registry_entry_changed", key=key, consequence="a new run of the write was planned "
+                                                                       "meanwhile: its entry stays")
+        return False
     base_log.store.delete(_registry_name(key))
+    return True
+
+
+def _registry_entry_versioned(base_log: TransactionLog, key: str) -> tuple[Optional[dict[str, Any]], Optional[str]]:
+    data, version = base_log.store.get_versioned(_registry_name(key))
+    if data is None:
+        return None, None
+    return decode_record(data, f"{base_log.location}/{_registry_name(key)}"), version
 
 
 def _registry_entry(base_log: TransactionLog, key: str) -> Optional[dict[str, Any]]:
-    data = base_log.store.get(_registry_name(key))
-    return decode_record(data, f"{base_log.location}/{_registry_name(key)}") if data is not None else None
+    return _registry_entry_versioned(base_log, key)[0]
 
 
 def open_writes(base: SinkSpec[Any], log: Optional[TransactionLog] = None, *,
@@ -317,7 +338,7 @@ def recover_writes(base: SinkSpec[Any], *, abandon_after_s: float, exclude: Opti
         log = spec.transaction_log()
         coord = CheckpointCoordinator(spec, log, sweep_after_commit=True)
         with log.locked():
-            entry = _registry_entry(base_log, key)  # again, under the write's lock
+            entry, entry_version = _registry_entry_versioned(base_log, key)  # again, under the write's lock
             if entry is None:
                 continue
             t = time.time() if now is None else now
@@ -329,8 +350,12 @@ def recover_writes(base: SinkSpec[Any], *, abandon_after_s: float, exclude: Opti
                     report["running"].append(key)
                     continue
                 coord.sweep_write_job(max(view.ids) if view.ids else run)
-                _forget(base_log, key)
-                report["swept"].append(key)
+                # forgotten only if the entry is the one read above: a re-run planned during the sweep (on
+                # another host) has its own entry now, and keeps it
+                if _forget(base_log, key, entry_version):
+                    report["swept"].append(key)
+                else:
+                    report["running"].append(key)
                 continue
             decided = [r for r in view.unfinished if r.state is CheckpointState.COMPLETED]
             if decided:
@@ -373,17 +398,20 @@ def recover_writes(base: SinkSpec[Any], *, abandon_after_s: float, exclude: Opti
             if running:
                 report["running"].append(key)
                 continue
-            _settle(base_log, key, log, entry, unrecorded_expired=True)
+            _settle(base_log, key, log, (entry, entry_version), unrecorded_expired=True)
     return report
 
 
-def _settle(base_log: TransactionLog, key: str, log: TransactionLog, entry: Optional[dict[str, Any]] = None, *,
-            unrecorded_expired: bool = False) -> bool:
+def _settle(base_log: TransactionLog, key: str, log: TransactionLog,
+            read: Optional[tuple[dict[str, Any], Optional[str]]] = None, *, unrecorded_expired: bool = False) -> bool:
     """Under the write log's lock: if every run of the write is final, mark its registry entry swept-once
     (the next write's recovery sweeps it once more, for stragglers, then forgets it: invariant 8). Returns
-    whether it did. A decided or running run keeps its entry as it is (invariants 5 and 7)."""
+    whether it did. A decided or running run keeps its entry as it is (invariants 5 and 7).
+
+    ``read``: the entry and its version as the caller read them. Every change is a compare-and-swap on the
+    version read: an entry a new run of the write put meanwhile (another host) is never overwritten."""
     with log.locked():
-        entry = entry if entry is not None else _registry_entry(base_log, key)
+        entry, version = read if read is not None else _registry_entry_versioned(base_log, key)
         if entry is None or entry.get("state") == SWEPT_ONCE:
             return False
         view = log.view()
@@ -391,9 +419,12 @@ def _settle(base_log: TransactionLog, key: str, log: TransactionLog, entry: Opti
         if view.unfinished or (run not in view.ids and not unrecorded_expired):
             return False  # a run not recorded yet is running (until batch.abandonAfter: recover_writes)
         if not view.ids:  # no run was ever recorded (its planning died before): nothing to sweep
-            _forget(base_log, key)
-            return True
-        base_log.store.put(_registry_name(key), encode_record({**entry, "state": SWEPT_ONCE, "settled_at": time.time()}))
+            return _forget(base_log, key, version)
+        if version is None or base_log.store.put_if_version(_registry_name(key), encode_record(
+                {**entry, "state": SWEPT_ONCE, "settled_at": time.time()}), version) is None:
+            _log.info("write_job_registry_entry_changed", key=key,
+                      consequence="a new run of the write was planned meanwhile: its entry stays")
+            return False
         return True
 
 
@@ -439,9 +470,9 @@ def plan_write_job(base: SinkSpec[Any], *, write_id: Optional[str] = None,
                 assert done is not None
                 return _skip(base, spec, log, key, write_id, done)
         run = (max(view.ids) + 1) if view.ids else 0
-        base_log.store.put(_registry_name(key), encode_record(
-            {"key": key, "write_id": write_id, "sink_id": spec.sink_id, "run": run, "planned_at": time.time(),
-             "host": socket.gethostname()}))
+        planned = {"key": key, "write_id": write_id, "sink_id": spec.sink_id, "run": run, "planned_at": time.time(),
+                   "host": socket.gethostname()}
+        base_log.store.put(_registry_name(key), encode_record(planned))
         try:
             coord.trigger(run, ())
         except ConcurrentWriterError as e:
@@ -456,9 +487,21 @@ def plan_write_job(base: SinkSpec[Any], *, write_id: Optional[str] = None,
             done = _done(coord, _fresh_view(log), spec, write_id)
             assert done is not None
             return _skip(base, spec, log, key, write_id, done)
+        _reassert_entry(base_log, key, planned)
     _start_heartbeat(spec, log, run, abandon_after_ms / 1000)
     _log.info("write_job_planned", sink_id=spec.sink_id, write_id=write_id, run=run)
     return WriteJob(base, spec, key, write_id, run, heartbeat_s=heartbeat_interval_s(abandon_after_ms / 1000))
+
+
+def _reassert_entry(base_log: TransactionLog, key: str, planned: dict[str, Any]) -> None:
+    """After the run's PENDING record exists: its registry entry is there (another host's recovery that read
+    the write's previous entry before this plan forgets only an unchanged entry; this read closes the rest of
+    that window: an entry deleted or settled meanwhile is put again, by compare-and-swap)."""
+    entry, version = _registry_entry_versioned(base_log, key)
+    if entry is None or int(entry.get("run", -1)) < int(planned["run"]):  # a newer run's entry stays as it is
+        if base_log.store.put_if_version(_registry_name(key), encode_record(planned), version) is not None:
+            _log.warning("write_job_registry_entry_restored", key=key, run=planned["run"],
+                         consequence="another write's recovery had forgotten this write while it was planned")
 
 
 def _fresh_view(log: TransactionLog) -> LogView:
