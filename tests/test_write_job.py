@@ -119,7 +119,7 @@ def test_write_job_inv2_a_decided_run_is_finished_by_a_rerun_of_the_same_write(s
 
 
 def test_write_job_inv2_a_decided_run_is_finished_by_the_next_write_to_the_destination(sink, monkeypatch):
-    job = plan_write_job(sink)  # no write id: only the registry knows about it
+    job = plan_write_job(sink, abandon_after_ms=0)  # no write id: only the registry knows about it
     acks = run_tasks(job, PARTS)
     with monkeypatch.context() as m:
         _die_after_decision(m)
@@ -127,6 +127,7 @@ def test_write_job_inv2_a_decided_run_is_finished_by_the_next_write_to_the_desti
             commit_write_job(job, acks)
     assert [w["key"] for w in open_writes(sink)] == [job.key]
     monkeypatch.setattr(write_job, "COMPLETED_GRACE_S", 0.0)  # its driver showed no sign of life for the grace period
+    monkeypatch.setattr(write_job, "MISSED_BEATS", 0)  # (its planning thread lives on in this process)
     other = plan_write_job(sink, write_id="another")
     assert visible_ids(sink.root) == list(range(100))  # committed by the other write's planning
     commit_write_job(other, run_tasks(other, [(100, 110)]))
@@ -167,8 +168,9 @@ def test_write_job_inv4_another_write_running_is_left_alone(sink):
     assert visible_ids(sink.root) == list(range(110))
 
 
-def test_write_job_inv4_an_abandoned_write_is_aborted_and_swept_and_cannot_commit_later(sink):
-    dead = plan_write_job(sink, write_id="dead")
+def test_write_job_inv4_an_abandoned_write_is_aborted_and_swept_and_cannot_commit_later(sink, monkeypatch):
+    monkeypatch.setattr(write_job, "MISSED_BEATS", 0)  # its planning thread lives on in this process
+    dead = plan_write_job(sink, write_id="dead", abandon_after_ms=0)  # judged by its own abandonAfter too
     acks = run_tasks(dead, PARTS)
     report = recover_writes(sink, abandon_after_s=0.0)
     assert report["abandoned"] == ["dead"]

@@ -70,7 +70,7 @@ def test_write_job_inv5_spark_abort_after_a_failed_commit_commits_the_decided_ru
 
 def test_write_job_inv5_a_decided_run_that_cannot_commit_now_stays_known_and_is_finished_later(sink, monkeypatch):
     """Invariant 5: a write whose run is COMPLETED is never forgotten; the next write finishes it."""
-    job = plan_write_job(sink)  # no write id: only the registry knows about it
+    job = plan_write_job(sink, abandon_after_ms=0)  # no write id: only the registry knows about it
     acks = run_tasks(job, PARTS)
     monkeypatch.setattr(wj, "COMMIT_ATTEMPTS", 2, raising=False)
     _fail_commit_after_first_handle(monkeypatch, times=3)  # both commit attempts and the abort fail
@@ -183,11 +183,12 @@ def test_write_job_inv6_another_write_leaves_a_decided_run_to_its_live_driver(si
 def test_write_job_inv6_a_commit_that_loses_the_race_to_another_host_reports_it_committed(sink, monkeypatch):
     """Invariant 6: two hosts finish one decided run (its grace period over): the one whose compare-and-swap
     to COMMITTED loses re-reads the record and succeeds; every row is there once."""
-    job = plan_write_job(sink)
+    job = plan_write_job(sink, abandon_after_ms=0)
     acks = run_tasks(job, PARTS)
     real = CheckpointCoordinator._commit_handles
     seen: list[dict] = []
     monkeypatch.setattr(wj, "COMPLETED_GRACE_S", 0.0, raising=False)
+    monkeypatch.setattr(wj, "MISSED_BEATS", 0)  # the other host does not wait for missed beats here
 
     def commit(self, checkpoint_id, handles, *, recovering):
         if not seen:
@@ -354,7 +355,7 @@ def test_write_job_inv7_a_rerun_planned_during_another_hosts_final_sweep_keeps_i
     def sweep_while_another_host_reruns_k(self, up_to):
         n = real_sweep(self, up_to)
         if not rerun:
-            rerun["job"] = plan_write_job(sink, write_id="K")
+            rerun["job"] = plan_write_job(sink, write_id="K", abandon_after_ms=0)
         return n
 
     with _no_lock(monkeypatch):
@@ -375,6 +376,42 @@ def test_write_job_inv7_a_rerun_planned_during_another_hosts_final_sweep_keeps_i
         commit_write_job(j1, run_tasks(j1, PARTS))
     monkeypatch.undo()
     wj._HEARTBEATS.clear()
+    monkeypatch.setattr(wj, "MISSED_BEATS", 0)  # run 1's planning thread lives on in this process
     plan_write_job(sink, write_id="later", abandon_after_ms=0)  # the next write, past every grace period
     assert j1.spec.transaction_log().get(1).state is CheckpointState.COMMITTED
     assert visible_ids(sink.root) == list(range(100))
+
+
+def test_write_job_inv4_another_write_judges_a_run_by_the_runs_own_abandon_after(sink):
+    """Invariants 4 and 6: a run beats at the interval its own batch.abandonAfter chose (60 s by default); a
+    write planned with a shorter batch.abandonAfter takes it over only after the longer of the two (and
+    never before 3 of its beats were missed): a healthy run beating normally is never taken over."""
+    import time
+    a = plan_write_job(sink, write_id="a")  # default batch.abandonAfter (24 h): beats every 60 s
+    with wj.beating(a):  # a's tasks run and beat
+        time.sleep(1.5)
+        b = plan_write_job(sink, write_id="b", abandon_after_ms=1000)  # another write, batch.abandonAfter=1s
+        acks = run_tasks(a, PARTS)
+    assert a.spec.transaction_log().get(0).state is CheckpointState.PENDING
+    commit_write_job(a, acks)  # not declined
+    commit_write_job(b, run_tasks(b, [(100, 110)]))
+    assert visible_ids(sink.root) == list(range(110))
+
+
+def test_write_job_inv6_a_runs_stop_never_overwrites_a_newer_runs_heartbeat(sink, monkeypatch):
+    """Invariant 6: a run's stop is a compare-and-swap on the heartbeat it read: a newer run of the write
+    (another host) that beat in between keeps its heartbeat, so it is not judged stopped."""
+    import time
+    job = plan_write_job(sink, write_id="w")
+    real_read = wj._read_heartbeat
+
+    def read_then_newer_run_beats(log):
+        got = real_read(log)
+        log.store.put(wj.HEARTBEAT, wj.encode_record({"run": job.checkpoint_id + 1, "at": time.time(), "host": "b"}))
+        return got
+
+    monkeypatch.setattr(wj, "_read_heartbeat", read_then_newer_run_beats)
+    wj.stop_heartbeat(job)
+    monkeypatch.undo()
+    hb, _ = wj._read_heartbeat(job.spec.transaction_log())
+    assert hb["run"] == job.checkpoint_id + 1 and not hb.get("stopped")

@@ -50,7 +50,9 @@ Invariants (``test_write_job_invN_*``):
    write to the destination.)
 3. A run's sweeps reach only its own write's names (its own token) and only runs <= its own.
 4. A run is taken over only with proof that it is dead or unwanted: a new run of the same write id
-   (the user re-ran it), or no sign of life for ``batch.abandonAfter`` (another write; invariant 6).
+   (the user re-ran it), or no sign of life for ``batch.abandonAfter`` (another write; invariant 6): the
+   longer of the other write's setting and the run's own (recorded in its registry entry and heartbeats),
+   and never before :data:`MISSED_BEATS` of the run's beats were missed.
    If it was alive after all, it fails at its commit, loudly, with nothing of it visible.
 5. A decided run only ever goes forward: an error after COMPLETED is retried by the commit
    (:data:`COMMIT_ATTEMPTS`), Spark's ``abort`` of a COMPLETED run (it calls abort when commit threw)
@@ -58,9 +60,16 @@ Invariants (``test_write_job_invN_*``):
 6. Two drivers finishing one decided run both end well: a compare-and-swap to COMMITTED lost to the
    other re-reads the record and reports the run committed. Another write finishes a COMPLETED run only
    after its driver showed no sign of life for ``min(batch.abandonAfter, COMPLETED_GRACE_S)``, and takes
-   over a PENDING one only after none for ``batch.abandonAfter``: the planning driver refreshes the
-   write's ``heartbeat.json`` every ``batch.abandonAfter / 4`` (at most :data:`HEARTBEAT_MAX_INTERVAL_S`)
-   until the run is final or its commit/abort has returned, so a healthy long run is never abandoned.
+   over a PENDING one only after none for ``batch.abandonAfter`` (each: the longer of the other write's and
+   the run's own setting, and at least :data:`MISSED_BEATS` of the run's beat intervals while it has not
+   written its stop): the planning driver refreshes the write's ``heartbeat.json`` every
+   ``batch.abandonAfter / 4`` (at most :data:`HEARTBEAT_MAX_INTERVAL_S`) until the run is final or its
+   commit/abort has returned, so a healthy long run is never abandoned. On Spark the planner's worker exits
+   after ``writer()``: only the write stage's tasks and the driver's commit beat, so a stage before the
+   write stage (a shuffle, a sort, a wait for executors) shows no sign of life: ``batch.abandonAfter`` must
+   be longer than the longest such stage. The tasks beat into the write's log where they run: with a log on
+   a local path that is not a filesystem shared by the executors' hosts (local mode is), their beats are
+   not seen by the driver's host.
 7. The registry forgets a write only when every run of it is final, read under the write log's lock;
    a run planned whose PENDING record is not written yet is running until ``batch.abandonAfter``. Every
    change of an entry is conditional on the version read before the decision (a compare-and-swap; the
@@ -110,8 +119,12 @@ WRITE_JOB_OPTIONS: tuple[Option[Any], ...] = (
     Option("writeId", str, help="a stable id of this write: a re-run of a committed write writes nothing, a re-run of a "
                                 "write whose driver died finishes or replaces it (like Delta's txnAppId/txnVersion)"),
     Option("batch.abandonAfter", parse_duration_ms, DEFAULT_ABANDON_AFTER_MS,
-           help="another batch write's run planned longer ago than this and never finished is taken as dead: "
-                "aborted and swept (e.g. 30min; a run that is alive after all fails at its commit)"),
+           help="a batch write's run that showed no sign of life for this long is taken as dead by another "
+                "batch write to the destination: aborted and swept (a run that is alive after all fails at its "
+                "commit). Another write waits for the longer of its own and the run's own setting. Only the "
+                "write stage's tasks and the driver's commit show signs of life: make it longer than the "
+                "longest stage before the write stage (a shuffle, a sort, waiting for executors), e.g. 2h; "
+                "default 24h"),
 )
 
 _SAFE_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -146,6 +159,9 @@ class WriteJob:
     skip: bool = False
     #: the pause between two heartbeats of the run (invariant 6)
     heartbeat_s: float = 60.0
+    #: the run's own ``batch.abandonAfter``, recorded in its heartbeats and registry entry: another write
+    #: judges the run by it (invariant 4)
+    abandon_after_s: float = DEFAULT_ABANDON_AFTER_MS / 1000
 
 
 def _registry_name(key: str) -> str:
@@ -233,9 +249,11 @@ class _Heartbeat(threading.Thread):
     throttled to one PUT per half interval whatever the number of tasks); and the driver's ``commit`` /
     ``abort`` while it runs."""
 
-    def __init__(self, spec: SinkSpec[Any], run: int, interval_s: float, *, check_record: bool = True) -> None:
+    def __init__(self, spec: SinkSpec[Any], run: int, interval_s: float, *, check_record: bool = True,
+                 abandon_after_s: float = DEFAULT_ABANDON_AFTER_MS / 1000) -> None:
         super().__init__(name=f"twophase-heartbeat-{run}", daemon=True)
         self.spec, self.run_id, self.interval_s, self.check_record = spec, run, interval_s, check_record
+        self.abandon_after_s = abandon_after_s
         self.stop_event = threading.Event()
 
     def beat(self) -> bool:
@@ -250,8 +268,8 @@ class _Heartbeat(threading.Thread):
             return False
         if hb is not None and time.time() - float(hb.get("at", 0.0) or 0.0) < self.interval_s / 2:
             return True  # another beater of this run was here a moment ago
-        log.store.put_if_version(HEARTBEAT, encode_record(
-            {"run": self.run_id, "at": time.time(), "host": socket.gethostname()}), version)
+        log.store.put_if_version(HEARTBEAT, encode_record(_beat_record(self.run_id, self.interval_s,
+                                                                       self.abandon_after_s)), version)
         return True
 
     def run(self) -> None:
@@ -273,7 +291,8 @@ def beating(job: "WriteJob") -> Iterator[None]:
     if job.skip or job.spec.guarantee is Guarantee.AT_LEAST_ONCE:
         yield
         return
-    hb = _Heartbeat(job.spec, job.checkpoint_id, job.heartbeat_s, check_record=False)
+    hb = _Heartbeat(job.spec, job.checkpoint_id, job.heartbeat_s, check_record=False,
+                    abandon_after_s=job.abandon_after_s)
     try:
         hb.beat()
     except Exception as e:  # noqa: BLE001 - see above
@@ -286,9 +305,15 @@ def beating(job: "WriteJob") -> Iterator[None]:
         hb.join(5)
 
 
+def _beat_record(run: int, interval_s: float, abandon_after_s: float) -> dict[str, Any]:
+    """A heartbeat: the run, when, where, and how the run wants to be judged (invariant 4)."""
+    return {"run": run, "at": time.time(), "host": socket.gethostname(), "interval_s": interval_s,
+            "abandon_after_s": abandon_after_s}
+
+
 def _start_heartbeat(spec: SinkSpec[Any], log: TransactionLog, run: int, abandon_after_s: float) -> None:
-    log.store.put(HEARTBEAT, encode_record({"run": run, "at": time.time(), "host": socket.gethostname()}))
-    hb = _Heartbeat(spec, run, heartbeat_interval_s(abandon_after_s))
+    log.store.put(HEARTBEAT, encode_record(_beat_record(run, heartbeat_interval_s(abandon_after_s), abandon_after_s)))
+    hb = _Heartbeat(spec, run, heartbeat_interval_s(abandon_after_s), abandon_after_s=abandon_after_s)
     with _HEARTBEATS_LOCK:
         _HEARTBEATS[(spec.sink_id, run)] = hb
     hb.start()
@@ -303,9 +328,12 @@ def stop_heartbeat(job: "WriteJob") -> None:
         hb.stop_event.set()
     try:
         log = job.spec.transaction_log()
-        cur, _ = _read_heartbeat(log)
+        cur, version = _read_heartbeat(log)
         if cur is None or int(cur.get("run", -1)) == job.checkpoint_id:
-            log.store.put(HEARTBEAT, encode_record({"run": job.checkpoint_id, "at": time.time(), "stopped": True}))
+            # a compare-and-swap on the version read: a newer run's heartbeat written meanwhile is never
+            # overwritten by this run's stop
+            log.store.put_if_version(HEARTBEAT, encode_record(
+                {**_beat_record(job.checkpoint_id, job.heartbeat_s, job.abandon_after_s), "stopped": True}), version)
     except Exception as e:  # noqa: BLE001 - then the beats stop when the run's record is final
         _log.warning("write_job_heartbeat_stop_failed", sink_id=job.spec.sink_id, run=job.checkpoint_id, error=str(e))
 
@@ -320,6 +348,24 @@ def _last_sign_of_life(rec: Optional[CheckpointRecord], entry: dict[str, Any],
     return max(times)
 
 
+#: another write takes a run as dead only once this many of its beats were missed (invariant 4)
+MISSED_BEATS = 3
+
+
+def _thresholds(abandon_after_s: float, entry: dict[str, Any], heartbeat: Optional[dict[str, Any]],
+                run: int) -> tuple[float, float]:
+    """How long a run of another write must show no sign of life before this write takes it over (PENDING)
+    or finishes it (COMPLETED): never less than the run's own ``batch.abandonAfter`` (recorded in its registry
+    entry and heartbeats; it beats at the interval that setting chose) nor than :data:`MISSED_BEATS` of its
+    beats while it still beats (invariants 4 and 6). Returns ``(abandon_s, grace_s)``."""
+    own = heartbeat if heartbeat is not None and int(heartbeat.get("run", -1)) == run else {}
+    recorded = own.get("abandon_after_s", entry.get("abandon_after_s"))
+    interval = own.get("interval_s", entry.get("heartbeat_s"))
+    abandon_s = max(abandon_after_s, float(recorded) if recorded is not None else 0.0)
+    floor_s = 0.0 if own.get("stopped") or interval is None else MISSED_BEATS * float(interval)
+    return max(abandon_s, floor_s), max(min(abandon_s, COMPLETED_GRACE_S), floor_s)
+
+
 def recover_writes(base: SinkSpec[Any], *, abandon_after_s: float, exclude: Optional[str] = None,
                    now: Optional[float] = None, base_log: Optional[TransactionLog] = None) -> dict[str, list[str]]:
     """Finish what other batch writes of ``base`` left (invariants 2, 4, 6-8): commit decided runs whose
@@ -329,7 +375,6 @@ def recover_writes(base: SinkSpec[Any], *, abandon_after_s: float, exclude: Opti
     [...], "running": [...], "swept": [...]}``."""
     base_log = base_log if base_log is not None else base.transaction_log()
     report: dict[str, list[str]] = {"committed": [], "abandoned": [], "running": [], "swept": []}
-    grace_s = min(abandon_after_s, COMPLETED_GRACE_S)
     for listed in open_writes(base, base_log, swept_once=True):
         key = str(listed.get("key", ""))
         if not key or key == exclude:
@@ -345,6 +390,7 @@ def recover_writes(base: SinkSpec[Any], *, abandon_after_s: float, exclude: Opti
             view = log.view()
             heartbeat, _ = _read_heartbeat(log)
             run = int(entry.get("run", -1))
+            run_abandon_s, grace_s = _thresholds(abandon_after_s, entry, heartbeat, run)
             if entry.get("state") == SWEPT_ONCE:
                 if view.unfinished:  # a new run of it was planned since (its own entry replaces this one)
                     report["running"].append(key)
@@ -381,19 +427,20 @@ def recover_writes(base: SinkSpec[Any], *, abandon_after_s: float, exclude: Opti
             running = False
             for rec in [r for r in view.unfinished if r.state is CheckpointState.PENDING]:
                 age = t - _last_sign_of_life(rec, entry, heartbeat, rec.checkpoint_id)
-                if age < abandon_after_s:
+                if age < run_abandon_s:
                     running = True
                     continue
                 found = coord.take_over_write_job(rec.checkpoint_id, f"abandoned: no sign of life for {age:.0f} s, "
                                                                      f"longer than batch.abandonAfter "
-                                                                     f"({abandon_after_s:.0f} s)")
+                                                                     f"({run_abandon_s:.0f} s: the longer of this "
+                                                                     f"write's and the run's own)")
                 if found is CheckpointState.PENDING:
                     report["abandoned"].append(key)
                     _log.warning("write_job_abandoned", sink_id=spec.sink_id, write_id=entry.get("write_id"),
                                  run=rec.checkpoint_id, age_s=round(age))
                 elif found is CheckpointState.COMPLETED:
                     running = True  # decided meanwhile: its driver is alive; the grace period starts now
-            if run not in view.ids and t - float(entry.get("planned_at", t)) < abandon_after_s:
+            if run not in view.ids and t - float(entry.get("planned_at", t)) < run_abandon_s:
                 running = True  # planned, its PENDING record not written yet (invariant 7)
             if running:
                 report["running"].append(key)
@@ -471,7 +518,8 @@ def plan_write_job(base: SinkSpec[Any], *, write_id: Optional[str] = None,
                 return _skip(base, spec, log, key, write_id, done)
         run = (max(view.ids) + 1) if view.ids else 0
         planned = {"key": key, "write_id": write_id, "sink_id": spec.sink_id, "run": run, "planned_at": time.time(),
-                   "host": socket.gethostname()}
+                   "host": socket.gethostname(), "abandon_after_s": abandon_after_ms / 1000,
+                   "heartbeat_s": heartbeat_interval_s(abandon_after_ms / 1000)}
         base_log.store.put(_registry_name(key), encode_record(planned))
         try:
             coord.trigger(run, ())
@@ -490,7 +538,8 @@ def plan_write_job(base: SinkSpec[Any], *, write_id: Optional[str] = None,
         _reassert_entry(base_log, key, planned)
     _start_heartbeat(spec, log, run, abandon_after_ms / 1000)
     _log.info("write_job_planned", sink_id=spec.sink_id, write_id=write_id, run=run)
-    return WriteJob(base, spec, key, write_id, run, heartbeat_s=heartbeat_interval_s(abandon_after_ms / 1000))
+    return WriteJob(base, spec, key, write_id, run, heartbeat_s=heartbeat_interval_s(abandon_after_ms / 1000),
+                    abandon_after_s=abandon_after_ms / 1000)
 
 
 def _reassert_entry(base_log: TransactionLog, key: str, planned: dict[str, Any]) -> None:
