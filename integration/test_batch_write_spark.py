@@ -197,12 +197,14 @@ def _job(out, tmp_path, *, fault=None, write_id="crash", lo=0, hi=3000, extra=()
 
 def test_batch_write_crash_after_decision_finished_by_the_next_write_then_its_rerun_writes_nothing(tmp_path):
     out = str(tmp_path / "out")
-    killed = _job(out, tmp_path, fault="mid_commit@0")  # write id "crash", ids [0, 3000)
+    # write id "crash", ids [0, 3000); its batch.abandonAfter (1 s, recorded with the run) and the next write's
+    # bound the grace period a decided run's driver gets before another write finishes it (write_job
+    # invariants 4 and 6: the longer of the two): the killed driver's last heartbeat is older
+    killed = _job(out, tmp_path, fault="mid_commit@0", extra=["--option", "batch.abandonAfter=1s"])
     assert killed.returncode != 0 and (tmp_path / "fault-marker").exists(), "the fault did not fire"
     partial = check_exactly_once(list(range(3000)), read_ids(out))
     assert partial.duplicated == 0 and partial.unexpected == 0, partial.line()
-    # another write, no id; its batch.abandonAfter (1 s) bounds the grace period a decided run's driver gets
-    # before another write finishes it (write_job invariant 6): the killed driver's last heartbeat is older
+    # another write, no id
     assert _job(out, tmp_path, write_id="", lo=3000, hi=4000,
                 extra=["--option", "batch.abandonAfter=1s"]).returncode == 0
     report = check_exactly_once(list(range(4000)), read_ids(out))
@@ -232,7 +234,7 @@ def test_batch_write_crash_then_rerun_of_the_same_write_is_exactly_once(tmp_path
                     "TWOPHASE_FULL_MATRIX=1")
 def test_batch_write_crash_after_decision_is_finished_by_the_next_write_without_id(tmp_path):
     out = str(tmp_path / "out")
-    killed = _job(out, tmp_path, fault="mid_commit@0", write_id="")
+    killed = _job(out, tmp_path, fault="mid_commit@0", write_id="", extra=["--option", "batch.abandonAfter=1s"])
     assert killed.returncode != 0 and (tmp_path / "fault-marker").exists()
     assert _job(out, tmp_path, write_id="", lo=3000, hi=4000,  # another write, no id (grace: 1 s)
                 extra=["--option", "batch.abandonAfter=1s"]).returncode == 0
