@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import io
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Sequence
 
 from twophase.sinks._chunked import ChunkedUploadStream
 from twophase.errors import CommitFailedError, ConfigurationError, DataLossError, TransientSinkError
@@ -192,9 +192,10 @@ def list_names(container: Any, key_prefix: str, *, uncommitted: bool = True) -> 
         yield b.name
 
 
-def list_own_staged(container: Any, prefix: str, sink_id: str) -> list[tuple[str, str, int]]:
+def list_own_staged(container: Any, prefix: str, sink_id: str, partition_by: Sequence[str]) -> list[tuple[str, str, int]]:
     """``(name, name, checkpoint id)`` of every name under ``prefix`` that THIS sink made (its token, where it
-    puts its files: :func:`~twophase.naming.own_part_rel`, never under a nested destination's folder) and that
+    puts its files: under folders of its partition columns ``partition_by`` in order,
+    :func:`~twophase.naming.own_part_rel`, never under a nested destination's folder, even ``region=eu``) and that
     holds no data: staged blocks only (no committed blob), or a committed 0-byte blob (a drop cut between
     its two requests, see the module doc; a data file is never 0 bytes). Staged-only names are the blobs
     listed with ``include=uncommittedblobs`` minus those listed without (List Blobs says no more about a
@@ -206,7 +207,7 @@ def list_own_staged(container: Any, prefix: str, sink_id: str) -> list[tuple[str
         out = {}
         include = ["uncommittedblobs"] if uncommitted else None
         for b in container.list_blobs(name_starts_with=key_prefix, include=include):
-            cid = own_part_rel(b.name[len(key_prefix):], sink_id)
+            cid = own_part_rel(b.name[len(key_prefix):], sink_id, partition_by)
             if cid is not None:
                 out[b.name] = (cid, int(b.size or 0))
         return out
@@ -312,7 +313,7 @@ class AzureFiles:
             if not any(seg.startswith(("_", ".")) for seg in rel.split("/")[:-1]):
                 yield rel
 
-    def abort_uploads(self, sink_id: str, up_to: int) -> int:
+    def abort_uploads(self, sink_id: str, up_to: int, partition_by: Sequence[str]) -> int:
         """Nothing apart: the sweeps' own listings (:meth:`list_named`, :meth:`list_data`) include names with
         only staged blocks, and deleting one drops its blocks, so a failed attempt's staged blocks go with
         the same proof and the same listings as its committed files (no second listing of the table per

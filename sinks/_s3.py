@@ -17,7 +17,7 @@ import binascii
 import hashlib
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Collection, Mapping, Optional
+from typing import Any, Collection, Mapping, Optional, Sequence
 
 from twophase.sinks._chunked import ChunkedUploadStream
 from twophase.errors import CommitFailedError, ConfigurationError, DataLossError, TransientSinkError
@@ -190,16 +190,17 @@ def abort_upload(client: Any, bucket: str, key: str, upload_id: str) -> bool:
         raise TransientSinkError(f"cannot abort upload {upload_id} of s3://{bucket}/{key}: {e}") from e
 
 
-def list_own_uploads(client: Any, bucket: str, prefix: str, sink_id: str) -> list[tuple[str, str, int]]:
+def list_own_uploads(client: Any, bucket: str, prefix: str, sink_id: str, partition_by: Sequence[str]) -> list[tuple[str, str, int]]:
     """``(key, upload id, checkpoint id)`` of every upload in progress under ``prefix`` that THIS sink
-    named (its token) where it puts its files (:func:`~twophase.naming.own_part_rel`: another destination
-    nested under the prefix with the same sink id has the same token, never its layout): one
+    named (its token) where it puts its files, under folders of its partition columns ``partition_by`` in
+    order (:func:`~twophase.naming.own_part_rel`: another destination nested under the prefix with the same
+    sink id has the same token, never its layout, even at a ``region=eu`` folder): one
     ListMultipartUploads per 1000 uploads in progress under the prefix."""
     own = []
     pfx = f"{prefix}/" if prefix else ""
     for page in client.get_paginator("list_multipart_uploads").paginate(Bucket=bucket, Prefix=pfx):
         for up in page.get("Uploads", ()):
-            cid = own_part_rel(up["Key"][len(pfx):], sink_id)
+            cid = own_part_rel(up["Key"][len(pfx):], sink_id, partition_by)
             if cid is not None:
                 own.append((up["Key"], up["UploadId"], cid))
     return own
@@ -216,8 +217,8 @@ def abort_own_uploads(client: Any, bucket: str, uploads: Collection[tuple[str, s
 
 
 def abort_lingering_uploads(client: Any, bucket: str, prefix: str, sink_id: str, up_to_checkpoint: int,
-                            keep_upload_ids: Collection[str]) -> int:
+                            keep_upload_ids: Collection[str], partition_by: Sequence[str]) -> int:
     """Abort uploads under ``prefix`` that THIS sink named (its token) for checkpoints ``<= up_to``
     (invariant 4): never another sink's, another tool's or another query's upload."""
-    return abort_own_uploads(client, bucket, list_own_uploads(client, bucket, prefix, sink_id), up_to_checkpoint,
+    return abort_own_uploads(client, bucket, list_own_uploads(client, bucket, prefix, sink_id, partition_by), up_to_checkpoint,
                              keep_upload_ids)

@@ -206,7 +206,7 @@ class AzureBlobs(ObjectStore):
         return str(entry["name"])
 
     def list_own(self, sink_id: str) -> list[tuple[str, str, int]]:
-        return list_own_staged(self.client, self.sink.options.prefix, sink_id)
+        return list_own_staged(self.client, self.sink.options.prefix, sink_id, self.sink.options.partition_by)
 
     def drop_own(self, pending: Collection[tuple[str, str, int]], up_to: int, keep_ids: Collection[str]) -> int:
         return sum(1 for name, _, cid in pending

@@ -334,7 +334,7 @@ class _LocalFiles:
             for n in filenames:
                 yield os.path.relpath(os.path.join(dirpath, n), self.root).replace(os.sep, "/")
 
-    def abort_uploads(self, sink_id: str, up_to: int) -> int:
+    def abort_uploads(self, sink_id: str, up_to: int, partition_by: Sequence[str]) -> int:
         return 0
 
 
@@ -411,8 +411,8 @@ class _S3Files:
                 if not any(seg.startswith(("_", ".")) for seg in rel.split("/")[:-1]):
                     yield rel
 
-    def abort_uploads(self, sink_id: str, up_to: int) -> int:
-        return abort_lingering_uploads(self.client, self.bucket, self.prefix, sink_id, up_to, ())
+    def abort_uploads(self, sink_id: str, up_to: int, partition_by: Sequence[str]) -> int:
+        return abort_lingering_uploads(self.client, self.bucket, self.prefix, sink_id, up_to, (), partition_by)
 
 
 # --------------------------------------------------------------------------- stats and partition values
@@ -871,6 +871,7 @@ class DeltaCommitter(SinkCommitter[DeltaCommittable]):
         self.files = sink.files
         self.options = sink.options
         self._log: Optional[TransactionLog] = None
+        self._parts: Optional[tuple[str, ...]] = None
 
     def _table(self) -> Any:
         return self.sink._table()
@@ -1017,7 +1018,7 @@ class DeltaCommitter(SinkCommitter[DeltaCommittable]):
         (:meth:`_sweep_committed`). Any other call (several checkpoints not swept, a checkpoint that is
         not COMMITTED) and every ``FULL_SWEEP_EVERY`` checkpoints lists the whole table.
         """
-        removed = self.files.abort_uploads(self.sink_id, up_to_checkpoint)
+        removed = self.files.abort_uploads(self.sink_id, up_to_checkpoint, self._partition_columns())
         log = self.transaction_log()
         raw = log.store.get(WATERMARK)
         mark = json.loads(raw) if raw else {}
@@ -1039,6 +1040,16 @@ class DeltaCommitter(SinkCommitter[DeltaCommittable]):
         if removed:
             _log.info("lingering_aborted", sink_id=self.sink_id, up_to=up_to_checkpoint, files=removed)
         return removed
+
+    def _partition_columns(self) -> tuple[str, ...]:
+        """The table's partition columns (its metadata), else option partitionBy (no table yet): where the
+        sweeps take this sink's names (:func:`~twophase.naming.own_part_rel`). Read once per committer."""
+        if getattr(self, "_parts", None) is None:
+            dt = self._table()
+            if dt is None:
+                return tuple(self.sink.options.partition_by)
+            self._parts = tuple(dt.metadata().partition_columns)
+        return self._parts  # type: ignore[return-value]
 
     def _sweep_committed(self, rec: Any) -> Optional[int]:
         """Delete the files of COMMITTED checkpoint ``rec`` that its record does not list; None if it failed.
@@ -1073,7 +1084,8 @@ class DeltaCommitter(SinkCommitter[DeltaCommittable]):
         """List the whole table; delete own files of checkpoints in (after, up_to] that final records prove orphaned."""
         candidates: dict[str, int] = {}
         for rel in self.files.list_data():
-            cid = own_part_rel(rel, self.sink_id)  # the sink's layout: never a nested table's (same sink.id) files
+            # the sink's layout (its partition columns, in order): never a nested table's (same sink.id) files
+            cid = own_part_rel(rel, self.sink_id, self._partition_columns())
             if cid is not None and after < cid <= up_to:
                 candidates[rel] = cid
         records = {cid: log.get(cid) for cid in sorted(set(candidates.values()))}

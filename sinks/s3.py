@@ -210,7 +210,7 @@ class S3Objects(ObjectStore):
 
     def list_own(self, sink_id: str) -> list[tuple[str, str, int]]:
         o = self.sink.options
-        return list_own_uploads(self.sink.client, o.bucket, o.prefix, sink_id)
+        return list_own_uploads(self.sink.client, o.bucket, o.prefix, sink_id, o.partition_by)
 
     def drop_own(self, pending: Collection[tuple[str, str, int]], up_to: int, keep_ids: Collection[str]) -> int:
         return abort_own_uploads(self.sink.client, self.sink.options.bucket, pending, up_to, keep_ids)

@@ -52,16 +52,36 @@ def test_naming_names_of_other_shapes_are_never_own(name: str) -> None:
 
 
 def test_naming_own_part_rel_takes_only_the_sinks_layout() -> None:
-    """A sweep of a sink at ``path`` takes a name only where the sink puts its files: directly under its path,
-    or under Hive partition folders ``<col>=<value>``. A name under a plain folder (another destination nested
-    in this one, ``s3://b/out/eu`` under ``s3://b/out``, even with the same sink id) is not its own."""
+    """A sweep of a sink at ``path`` takes a name only where the sink puts its files: directly under its path
+    when it has no partition columns, else under exactly its partition columns' folders ``<col>=<value>`` in
+    order. A name under any other folder (another destination nested in this one, ``s3://b/out/eu`` under
+    ``s3://b/out``, even with the same sink id) is not its own."""
     name = part_file_name("s", 5, "0", "0123456789ab", 0, "parquet")
-    assert own_part_rel(name, "s") == 5
-    assert own_part_rel(f"a=1/{name}", "s") == 5
-    assert own_part_rel(f"a=1/b=__HIVE_DEFAULT_PARTITION__/{name}", "s") == 5
-    assert own_part_rel(f"eu/{name}", "s") is None
-    assert own_part_rel(f"eu/a=1/{name}", "s") is None
-    assert own_part_rel(f"a=1/eu/{name}", "s") is None
-    assert own_part_rel(f"_twophase/{name}", "s") is None
-    assert own_part_rel(f"=1/{name}", "s") is None
-    assert own_part_rel(f"a=1/{name}", "other") is None
+    assert own_part_rel(name, "s", ()) == 5
+    assert own_part_rel(f"a=1/{name}", "s", ("a",)) == 5
+    assert own_part_rel(f"a=1/b=__HIVE_DEFAULT_PARTITION__/{name}", "s", ("a", "b")) == 5
+    assert own_part_rel(f"eu/{name}", "s", ()) is None
+    assert own_part_rel(f"eu/a=1/{name}", "s", ("a",)) is None
+    assert own_part_rel(f"a=1/eu/{name}", "s", ("a",)) is None
+    assert own_part_rel(f"_twophase/{name}", "s", ()) is None
+    assert own_part_rel(f"=1/{name}", "s", ("",)) is None
+    assert own_part_rel(f"a=1/{name}", "other", ("a",)) is None
+
+
+def test_naming_own_part_rel_inv5_a_hive_looking_folder_of_another_column_is_not_the_sinks() -> None:
+    """The one-job-per-partition layout: ``out/region=eu`` nested in ``out`` with the same sink id. Only folders
+    of the sink's own partition columns, in order and at exactly their depth, are its layout: ``region=eu`` is
+    not the folder of a sink partitioned by ``p`` nor of an unpartitioned one; a sink partitioned by ``region``
+    takes it (its own partition folder; names there are indistinguishable). Columns compare unescaped and
+    case-insensitively (Spark writes the DataFrame's spelling)."""
+    name = part_file_name("s", 5, "0", "0123456789ab", 0, "parquet")
+    assert own_part_rel(f"region=eu/{name}", "s", ()) is None
+    assert own_part_rel(f"region=eu/{name}", "s", ("p",)) is None
+    assert own_part_rel(f"region=eu/p=a/{name}", "s", ("p",)) is None
+    assert own_part_rel(f"p=a/region=eu/{name}", "s", ("p",)) is None
+    assert own_part_rel(f"region=eu/p=a/{name}", "s", ("p", "region")) is None  # order matters
+    assert own_part_rel(f"p=a/{name}", "s", ("p", "q")) is None  # too shallow
+    assert own_part_rel(name, "s", ("p",)) is None
+    assert own_part_rel(f"region=eu/{name}", "s", ("region",)) == 5
+    assert own_part_rel(f"Region=eu/{name}", "s", ("region",)) == 5
+    assert own_part_rel(f"a%3Db=1/{name}", "s", ("a=b",)) == 5

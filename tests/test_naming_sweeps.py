@@ -1,7 +1,8 @@
 """Sweeps that find names by :mod:`twophase.naming` never take a nested destination's files: two destinations,
 one inside the other, given the same explicit ``sink.id`` have the same token (and two logs), so a name's
 token alone does not prove it is the outer sink's. The outer sink's sweep takes only names where it puts its
-files (directly under its path or under Hive partition folders, :func:`twophase.naming.own_part_rel`).
+files (directly under its path, or under the folders of its own partition columns in order,
+:func:`twophase.naming.own_part_rel`: a Hive-looking ``region=eu`` folder of another column is not its layout).
 The S3 and Azure file sinks' cases run against their servers (``integration/s3``, ``integration/azure``);
 the Delta sink's whole-table listing runs here, on a local table."""
 
@@ -44,4 +45,40 @@ def test_naming_delta_whole_table_sweep_never_deletes_a_nested_tables_committed_
         list(range(100, 110))
     assert sorted(DeltaTable(outer.uri).to_pyarrow_table().column("id").to_pylist()) == \
         list(range(1000, 1010)) + list(range(1100, 1110))
+    assert not any((tmp_path / "t" / f["rel"]).exists() for f in loser.handle["files"]), "the loser was not swept"
+
+
+def test_naming_delta_whole_table_sweep_never_deletes_a_nested_tables_files_at_a_hive_folder(tmp_path) -> None:
+    """The one-job-per-partition layout: Delta tables t (partitioned by p) and t/region=eu with the same sink.id.
+    t's whole-table listing sweep sees t/region=eu's committed data files under a ``<col>=<value>`` folder;
+    ``region`` is not t's partition column, so they are not t's and t/region=eu still reads every row it
+    committed (t's own loser under p=a is still swept)."""
+    outer = _sink(str(tmp_path / "t"), partitionBy="p", **{"log.retain": "2"})  # every sweep lists the whole table
+    inner = _sink(str(tmp_path / "t" / "region=eu"))
+    loser = run_task(outer, TransactionContext(outer.sink_id, 1, "out-0"), [_batch(5000)])
+    for cid in (0, 1):
+        CheckpointCoordinator(inner).complete_batch(cid, [run_task(inner, TransactionContext(inner.sink_id, cid, "0"),
+                                                                    [_batch(cid * 100)])])
+        CheckpointCoordinator(outer, sweep_after_commit=True).complete_batch(cid, [run_task(outer, TransactionContext(outer.sink_id, cid, "0"),
+                                                                    [_batch(1000 + cid * 100)])])
+    assert sorted(DeltaTable(inner.uri).to_pyarrow_table().column("id").to_pylist()) == list(range(0, 10)) + \
+        list(range(100, 110))
+    assert sorted(DeltaTable(outer.uri).to_pyarrow_table().column("id").to_pylist()) == \
+        list(range(1000, 1010)) + list(range(1100, 1110))
+    assert not any((tmp_path / "t" / f["rel"]).exists() for f in loser.handle["files"]), "the loser was not swept"
+
+
+def test_naming_delta_whole_table_sweep_of_an_unpartitioned_table_keeps_a_nested_tables_files(tmp_path) -> None:
+    """An unpartitioned Delta table t's sweep takes only names directly under t: t/region=eu (same sink.id)
+    keeps its committed files, and t's own loser at its root is swept."""
+    outer = _sink(str(tmp_path / "t"), **{"log.retain": "2"})
+    inner = _sink(str(tmp_path / "t" / "region=eu"), partitionBy="p")
+    loser = run_task(outer, TransactionContext(outer.sink_id, 1, "out-0"), [_batch(5000)])
+    for cid in (0, 1):
+        CheckpointCoordinator(inner).complete_batch(cid, [run_task(inner, TransactionContext(inner.sink_id, cid, "0"),
+                                                                    [_batch(cid * 100)])])
+        CheckpointCoordinator(outer, sweep_after_commit=True).complete_batch(cid, [run_task(outer, TransactionContext(outer.sink_id, cid, "0"),
+                                                                    [_batch(1000 + cid * 100)])])
+    assert sorted(DeltaTable(inner.uri).to_pyarrow_table().column("id").to_pylist()) == list(range(0, 10)) + \
+        list(range(100, 110))
     assert not any((tmp_path / "t" / f["rel"]).exists() for f in loser.handle["files"]), "the loser was not swept"

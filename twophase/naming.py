@@ -20,7 +20,8 @@ left, attempt, sequence and extension from the right), so the task segment may h
 from __future__ import annotations
 
 import re
-from typing import Optional
+import urllib.parse
+from typing import Optional, Sequence
 
 from twophase.sink import sink_token
 
@@ -31,8 +32,8 @@ INTERNAL_DIR = "_twophase"
 _PART = re.compile(r"^part-([0-9a-f]{12})-(\d{8,})-([^/]+)-([0-9a-f]{12})-(\d{3,})\.[a-z0-9.]+$")
 #: what a task segment keeps; anything else (a ``/`` of a runtime uid, spaces) becomes ``_``
 _TASK_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
-#: a Hive partition folder: ``<col>=<value>`` (both escaped, so neither holds ``/``)
-_HIVE_DIR = re.compile(r"^[^=/]+=[^/]*$")
+#: a Hive partition folder: ``<col>=<value>`` (both escaped, so neither holds ``/`` and the column no ``=``)
+_HIVE_DIR = re.compile(r"^([^=/]+)=[^/]*$")
 
 
 def internal_rel(sink_id: str) -> str:
@@ -59,13 +60,24 @@ def own_part_checkpoint(name: str, sink_id: str) -> Optional[int]:
     return int(m.group(2))
 
 
-def own_part_rel(rel: str, sink_id: str) -> Optional[int]:
-    """The checkpoint id of ``rel`` (a name relative to the sink's path) if this sink made it AND it lies where
-    the sink puts its files: directly under its path or under Hive partition folders (``a=1/b=x/``). A name
-    under any other folder is not the sink's, even with its token: another destination nested in this one
-    (``s3://b/out/eu`` under ``s3://b/out``) given the same ``sink.id`` names its files with the same token,
-    and a sweep of ``out`` must never drop what ``out/eu`` pre-committed."""
+def own_part_rel(rel: str, sink_id: str, partition_by: Sequence[str]) -> Optional[int]:
+    """The checkpoint id of ``rel`` (a name relative to the sink's path) if this sink made it AND it lies exactly
+    where the sink puts its files: directly under its path when ``partition_by`` is empty, else under
+    ``len(partition_by)`` folders ``<col>=<value>`` whose columns are ``partition_by`` in order (``p=1/q=x/``
+    for ``('p', 'q')``; the column compared unescaped and case-insensitively, as Spark names columns).
+
+    A name anywhere else is not the sink's, even with its token: another destination nested in this one
+    (``s3://b/out/eu``, or the one-job-per-partition ``s3://b/out/region=eu``, under ``s3://b/out``) given the
+    same ``sink.id`` names its files with the same token, and a sweep of ``out`` must never drop what the
+    nested one pre-committed or committed. A nested destination exactly at one of the sink's own partition
+    folders (``out/region=eu`` under ``out`` partitioned by ``region``) cannot be told apart by its names:
+    give it its own ``sink.id``. A sink whose partition columns changed between runs no longer recognises
+    the old layout's leftovers: they are kept (a leak, never a deletion of others' data)."""
     *dirs, name = rel.split("/")
-    if not all(_HIVE_DIR.match(d) for d in dirs):
+    if len(dirs) != len(partition_by):
         return None
+    for d, col in zip(dirs, partition_by):
+        m = _HIVE_DIR.match(d)
+        if m is None or urllib.parse.unquote(m.group(1)).casefold() != col.casefold():
+            return None
     return own_part_checkpoint(name, sink_id)
