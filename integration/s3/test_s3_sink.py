@@ -279,6 +279,30 @@ def test_s3_sink_inv4_a_nested_destination_with_the_same_sink_id_is_never_swept(
     assert CheckpointCoordinator(b).complete_batch(1, [b_ack]) == "COMMITTED"
 
 
+@pytest.mark.parametrize("outer_partition_by", ["s", ""])
+def test_s3_sink_inv4_a_nested_destination_at_a_hive_folder_with_the_same_sink_id_is_never_swept(
+        s3_server: S3Server, outer_partition_by: str) -> None:
+    """The one-job-per-partition layout: s3://b/out/region=eu nested in s3://b/out, the same explicit sink.id.
+    ``region=eu`` looks like a Hive partition folder, but ``region`` is not A's partition column (A is
+    partitioned by ``s``, or not at all): A's sweep takes only names under its own partition columns' folders,
+    so B's pre-committed upload survives and B commits it. A's own crashed upload is still swept."""
+    bucket = s3_server.new_bucket()
+    a = make_sink(s3_server, bucket, **{"sink.id": "same", "partitionBy": outer_partition_by})
+    b = S3Sink.from_options({"path": f"s3://{bucket}/out/region=eu", "partSize": "5m", **s3_server.options(),
+                             "sink.id": "same"})
+    b.transaction_log().claim("test-b")
+    b_ack = run_task(b, TransactionContext(b.sink_id, 1, "0"), [rows(1000)])  # pre-committed, not committed yet
+    crashed = a.create_writer(TransactionContext(a.sink_id, 1, "out-0"))
+    crashed.write(rows(10))  # its upload is open in A's layout; the task dies here
+    crashed_id = next(iter(crashed.open_files.values())).stream.upload_id
+    CheckpointCoordinator(a).complete_batch(2, [run_task(a, TransactionContext(a.sink_id, 2, "0"), [rows(10)])])
+    abort_lingering(a, 5)
+    uploads = {u["UploadId"] for u in s3_server.client().list_multipart_uploads(Bucket=bucket).get("Uploads", ())}
+    assert crashed_id not in uploads, "A's own crashed upload was not swept"
+    assert {u["upload_id"] for u in b_ack.handle["uploads"]} <= uploads, "A swept the nested destination's upload"
+    assert CheckpointCoordinator(b).complete_batch(1, [b_ack]) == "COMMITTED"
+
+
 def test_s3_client_takes_credentials_rotated_in_the_shared_credentials_file(s3_server: S3Server, tmp_path: Any,
                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """Credentials from boto3's shared credentials file (no s3.accessKeyId): the operator rotates them in the
