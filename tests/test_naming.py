@@ -53,8 +53,8 @@ def test_naming_names_of_other_shapes_are_never_own(name: str) -> None:
 
 def test_naming_own_part_rel_takes_only_the_sinks_layout() -> None:
     """A sweep of a sink at ``path`` takes a name only where the sink puts its files: directly under its path
-    when it has no partition columns, else under exactly its partition columns' folders ``<col>=<value>`` in
-    order. A name under any other folder (another destination nested in this one, ``s3://b/out/eu`` under
+    (where an unpartitioned sink writes; never a nested destination's), or under exactly its partition
+    columns' folders ``<col>=<value>`` in order. A name under any other folder (another destination nested in this one, ``s3://b/out/eu`` under
     ``s3://b/out``, even with the same sink id) is not its own."""
     name = part_file_name("s", 5, "0", "0123456789ab", 0, "parquet")
     assert own_part_rel(name, "s", ()) == 5
@@ -81,7 +81,7 @@ def test_naming_own_part_rel_inv5_a_hive_looking_folder_of_another_column_is_not
     assert own_part_rel(f"p=a/region=eu/{name}", "s", ("p",)) is None
     assert own_part_rel(f"region=eu/p=a/{name}", "s", ("p", "region")) is None  # order matters
     assert own_part_rel(f"p=a/{name}", "s", ("p", "q")) is None  # too shallow
-    assert own_part_rel(name, "s", ("p",)) is None
+    assert own_part_rel(name, "s", ("p",)) == 5  # directly under the path: never a nested destination's
     assert own_part_rel(f"region=eu/{name}", "s", ("region",)) == 5
     assert own_part_rel(f"Region=eu/{name}", "s", ("region",)) == 5
     assert own_part_rel(f"a%3Db=1/{name}", "s", ("a=b",)) == 5

@@ -62,9 +62,11 @@ def own_part_checkpoint(name: str, sink_id: str) -> Optional[int]:
 
 def own_part_rel(rel: str, sink_id: str, partition_by: Sequence[str]) -> Optional[int]:
     """The checkpoint id of ``rel`` (a name relative to the sink's path) if this sink made it AND it lies exactly
-    where the sink puts its files: directly under its path when ``partition_by`` is empty, else under
-    ``len(partition_by)`` folders ``<col>=<value>`` whose columns are ``partition_by`` in order (``p=1/q=x/``
-    for ``('p', 'q')``; the column compared unescaped and case-insensitively, as Spark names columns).
+    where the sink puts its files: under ``len(partition_by)`` folders ``<col>=<value>`` whose columns are
+    ``partition_by`` in order (``p=1/q=x/`` for ``('p', 'q')``; the column compared unescaped and
+    case-insensitively, as Spark names columns), or directly under its path (where an unpartitioned sink
+    writes; a name there is never a nested destination's, which are all in sub-folders, so it is taken
+    whatever the partition columns, and an unpartitioned run's leftovers are still swept after a change).
 
     A name anywhere else is not the sink's, even with its token: another destination nested in this one
     (``s3://b/out/eu``, or the one-job-per-partition ``s3://b/out/region=eu``, under ``s3://b/out``) given the
@@ -72,9 +74,9 @@ def own_part_rel(rel: str, sink_id: str, partition_by: Sequence[str]) -> Optiona
     nested one pre-committed or committed. A nested destination exactly at one of the sink's own partition
     folders (``out/region=eu`` under ``out`` partitioned by ``region``) cannot be told apart by its names:
     give it its own ``sink.id``. A sink whose partition columns changed between runs no longer recognises
-    the old layout's leftovers: they are kept (a leak, never a deletion of others' data)."""
+    the old layout's leftovers in partition folders: they are kept (a leak, never a deletion of others' data)."""
     *dirs, name = rel.split("/")
-    if len(dirs) != len(partition_by):
+    if dirs and len(dirs) != len(partition_by):
         return None
     for d, col in zip(dirs, partition_by):
         m = _HIVE_DIR.match(d)
