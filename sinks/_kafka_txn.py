@@ -137,7 +137,9 @@ def bootstrap_error(config: Mapping[str, Any], timeout_ms: int, cause: Optional[
             "kafka.ssl.check.hostname, that this port is the brokers' SSL / SASL_SSL listener, and where the brokers "
             "require client certificates kafka.ssl.certfile / kafka.ssl.keyfile (or kafka.ssl.keystore.type=PEM with "
             "kafka.ssl.keystore.location)")
-    if protocol.startswith("SASL_") and disconnected and _rank(cause) <= 1:
+    # a connection refused after others were closed mid-handshake (seen under load with a wrong SCRAM password:
+    # the broker's answer lost, then a refused reconnect) says no more than the disconnects
+    if protocol.startswith("SASL_") and disconnected and (_rank(cause) <= 1 or "ECONNREFUSED" in str(cause)):
         return ConfigurationError(  # the broker's answer to a failed login may be lost as it closes the connection
             f"twophase-kafka: the brokers at {where} closed every connection during the handshake "
             f"(kafka.security.protocol={protocol}, kafka.sasl.mechanism={config.get('sasl_mechanism')}) within "

@@ -295,3 +295,18 @@ def test_kafka_source_options_group_id_given_to_both_clients_never_joined_nor_co
 def test_kafka_source_options_stream_only_options_warned_in_a_batch_read(caplog):
     KafkaSourceOptions.from_options({**SRC, "maxOffsetsPerTrigger": "10"}, batch=True)
     assert "kafka_stream_options_ignored" in caplog.text and "maxOffsetsPerTrigger" in caplog.text
+
+
+def test_kafka_bootstrap_error_a_refused_reconnect_after_handshake_disconnects_names_authentication():
+    """Seen in a fresh-clone run under load: a wrong SCRAM password made the broker close the handshakes, then a
+    reconnect was refused; the start error must still name the login, not 'no Kafka broker answers'. A refused
+    connection alone (a wrong port) stays the address error."""
+    from kafka import errors as Errors
+
+    from twophase.sinks._kafka_txn import bootstrap_error
+    config = {"bootstrap_servers": ["127.0.0.1:9"], "security_protocol": "SASL_PLAINTEXT",
+              "sasl_mechanism": "SCRAM-SHA-512"}
+    refused = Errors.KafkaConnectionError("111 ECONNREFUSED")
+    text = str(bootstrap_error(config, 3000, refused, disconnected=True))
+    assert "authentication" in text and "kafka.sasl.jaas.config" in text, text
+    assert "no Kafka broker answers" in str(bootstrap_error(config, 3000, refused, disconnected=False))
