@@ -3,6 +3,7 @@ through the real run_task, CheckpointCoordinator and the conformance suite (no S
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import os
@@ -376,3 +377,45 @@ class JsonLinesHarness(testing.SinkHarness):
 def test_user_sink_conformance(tmp_path, check):
     """The conformance suite of every sink, against a user's TwoPhaseCommitSink."""
     check(JsonLinesHarness(str(tmp_path)))
+
+
+@dataclass
+class GeneratedIdTxn:
+    staged: str
+    final: str
+    txn_id: str = dataclasses.field(init=False, default_factory=lambda: os.urandom(4).hex())
+
+
+class GeneratedIdSink(DataclassSink):
+    def begin_transaction(self, context: TransactionContext) -> Any:
+        t = super().begin_transaction(context)
+        return GeneratedIdTxn(t.staged, t.final)
+
+    def pre_commit(self, txn: Any) -> None:
+        JsonLinesSink.pre_commit(self, txn)
+
+
+def test_user_sink_inv2_a_dataclass_field_the_driver_would_make_anew_is_refused(tmp_path):
+    """Invariant 2 (found by review): an ``init=False`` field (an id from a default_factory) was left out of the
+    handle and made anew on the driver, whose commit then committed a transaction that does not exist (0 of the
+    rows visible, COMMITTED). It is refused before the ack, naming the field."""
+    with pytest.raises(ConfigurationError, match=r"field GeneratedIdTxn.txn_id is declared init=False"):
+        prepare(make(tmp_path, GeneratedIdSink), 0)
+
+
+@pytest.mark.parametrize("owner", ["dbfs:/checkpoints/q1", "hdfs:/user/me/ck"])
+def test_user_sink_inv6_a_checkpoint_url_without_slashes_is_not_taken_for_a_local_path(tmp_path, owner):
+    """Invariant 6 (found by review): ``dbfs:/…`` put the log on each host's local disk (executors' pending
+    records never seen by the driver; the log lost with the driver node). It is refused, naming log_location."""
+    sink = JsonLinesSink(str(tmp_path / "out"), sink_id="s").bind_owner(owner)
+    with pytest.raises(ConfigurationError, match="log_location="):
+        sink.resolved_log_location()
+
+
+def test_user_sink_inv6_foreach_batch_binds_a_copy_so_one_sink_object_in_two_queries_keeps_two_logs(tmp_path):
+    """Invariant 6 (found by review): foreach_batch(sink, owner=ck2) moved query 1's log under ck2."""
+    from twophase.spark.foreach_batch import foreach_batch
+    sink = JsonLinesSink(str(tmp_path / "out"), sink_id="s")
+    foreach_batch(sink, owner=str(tmp_path / "ck1"))
+    foreach_batch(sink, owner=str(tmp_path / "ck2"))
+    assert sink.owner is None

@@ -415,3 +415,20 @@ def test_write_job_inv6_a_runs_stop_never_overwrites_a_newer_runs_heartbeat(sink
     monkeypatch.undo()
     hb, _ = wj._read_heartbeat(job.spec.transaction_log())
     assert hb["run"] == job.checkpoint_id + 1 and not hb.get("stopped")
+
+
+def test_write_job_inv5_an_error_after_committed_is_recorded_never_reports_the_write_failed(sink, monkeypatch):
+    """Invariant 5 (found by review): an error after COMMITTED is recorded (the log's pruning: an S3 503) made
+    Spark's commit() throw, so the job was believed failed and a re-run without writeId doubled every row. The
+    commit now returns: the rows are committed whole."""
+    from twophase.log import TransactionLog
+    job = plan_write_job(sink)
+    acks = run_tasks(job, PARTS)
+
+    def failing_prune(self, *a, **k):
+        raise OSError(5, "503 SlowDown (retention delete)")
+
+    monkeypatch.setattr(TransactionLog, "prune", failing_prune)
+    commit_write_job(job, acks)  # returns
+    assert job.spec.transaction_log().get(0).state is CheckpointState.COMMITTED
+    assert visible_ids(sink.root) == list(range(100))

@@ -159,11 +159,20 @@ def encode_txn(sink: "TwoPhaseCommitSink[Any]", txn: Any) -> tuple[Any, str]:
                                                    "function?): define the dataclass at module level")
         out = {}
         for f in dataclasses.fields(txn):
-            if not f.init:
-                continue  # rebuilt by the class itself
+            if not f.init:  # a value the class makes itself (an id from a default_factory) would be made anew
+                raise _refuse(sink, f"field {cls.__qualname__}.{f.name}", "is declared init=False: the driver would "
+                                    "rebuild the handle with a new value of it; make it an ordinary field")
             v = getattr(txn, f.name)
             _check_json(sink, v, f"field {cls.__qualname__}.{f.name}")
             out[f.name] = v
+        try:
+            rebuilt = cls(**json.loads(json.dumps(out)))
+        except Exception as e:  # an InitVar, a __post_init__ that refuses its own values
+            raise _refuse(sink, f"its class {path}", f"cannot be rebuilt from its fields ({type(e).__name__}: {e})")
+        if rebuilt != txn:
+            raise _refuse(sink, f"its class {path}", "rebuilt from its fields is not equal to the handle (a "
+                                                     "__post_init__ that changes values, or a field that is not "
+                                                     "compared): use plain fields, or a dict")
         return out, path
     _check_json(sink, txn, "txn")
     return txn, ""
@@ -271,6 +280,11 @@ class TwoPhaseCommitSink(SinkSpec[UserCommittable], Generic[TXN]):
             owner = self.owner
             if owner.startswith("file:") and not owner.startswith("file://"):
                 owner = owner[len("file:"):]
+            if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:(?!//)", owner):  # dbfs:/..., hdfs:/...: not a local path
+                raise ConfigurationError(
+                    f"{type(self).__name__} (sink {self.sink_id!r}): the checkpoint location {owner!r} is a URL without "
+                    "'//' that twophase would take for a local path on each host: pass log_location= to the "
+                    "constructor (a shared path, or s3://bucket/prefix)")
             token = sink_token(self.sink_id)
             return (f"{owner.rstrip('/')}/twophase-sink/{token}" if "://" in owner
                     else os.path.join(owner, "twophase-sink", token))

@@ -629,6 +629,15 @@ def commit_write_job(job: WriteJob, acks: Sequence[Optional[Ack]]) -> Optional[C
             break
         except Exception as e:  # noqa: BLE001 - a decided run is retried whatever the sink raised
             rec = _record(job)
+            if rec is not None and rec.state is CheckpointState.COMMITTED:
+                # an error after COMMITTED was recorded (the log's pruning, a sweep): the rows are committed whole;
+                # Spark's commit() must return, else the job is believed failed and re-run (twice the rows)
+                _log.warning("write_job_error_after_committed", sink_id=job.spec.sink_id, write_id=job.write_id,
+                             run=job.checkpoint_id, error=str(e),
+                             consequence="the write is committed; what failed after it is retried by the next "
+                                         "write's recovery")
+                outcome = CommitOutcome.COMMITTED
+                break
             if rec is None or rec.state is not CheckpointState.COMPLETED:
                 _bookkeeping(job, "commit failed before the decision")
                 raise

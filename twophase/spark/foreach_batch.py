@@ -12,6 +12,7 @@ tasks took part. A batch with no partitions completes with no handles (and its r
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any, Callable, Iterator
 
@@ -25,8 +26,8 @@ def foreach_batch(sink: SinkSpec[Any], *, owner: str | None = None) -> Callable[
     ``owner`` identifies the query for the sink's log (use the query's checkpoint location);
     it defaults to the sink id.
     """
-    if owner and hasattr(sink, "bind_owner"):  # a TwoPhaseCommitSink keeps its log under the checkpoint location
-        sink.bind_owner(owner)
+    if owner and hasattr(sink, "bind_owner"):  # a TwoPhaseCommitSink keeps its log under the checkpoint location;
+        sink = copy.copy(sink).bind_owner(owner)  # a copy: the same sink object in two queries keeps two logs
     owner = owner or f"foreachBatch:{sink.sink_id}"
 
     def write_batch(df: Any, batch_id: int) -> None:
