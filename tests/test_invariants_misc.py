@@ -3,6 +3,7 @@ S3 log store 2 (fake client), file sink 5. Each docstring says how the test fail
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import threading
@@ -130,6 +131,14 @@ class _FakeS3:
             self.objects[Key] = Body
             return {"ETag": f'"{len(self.objects)}"'}
 
+    def get_object(self, Bucket, Key):
+        """The loser's read after its 412 (is the record its own write, whose answer was lost?)."""
+        self.calls.append(("get_object", Key, {}))
+        with self.lock:
+            if Key not in self.objects:
+                raise self.Err("NoSuchKey")
+            return {"Body": io.BytesIO(self.objects[Key]), "ETag": '"1"'}
+
 
 def test_s3_log_inv2_put_if_absent_is_one_conditional_put_exactly_one_winner():
     """Eight writers race for one name through a fake S3 that enforces If-None-Match. Fails if more
@@ -150,9 +159,11 @@ def test_s3_log_inv2_put_if_absent_is_one_conditional_put_exactly_one_winner():
     for t in ts:
         t.join(5)
     winners = [i for i, r in results.items() if r]
-    assert len(winners) == 1, results
+    assert len(results) == 8 and len(winners) == 1, results
     assert list(fake.objects.values()) == [f"w{winners[0]}".encode()]
-    assert len(fake.calls) == 8 and all(c[0] == "put_object" and c[2] == {"IfNoneMatch": "*"} for c in fake.calls)
+    puts = [c for c in fake.calls if c[0] == "put_object"]
+    assert len(puts) == 8 and all(c[2] == {"IfNoneMatch": "*"} for c in puts)
+    assert [c[0] for c in fake.calls if c[0] != "put_object"] == ["get_object"] * 7  # each loser reads once
 
 
 def test_file_sink_inv5_every_directory_the_sink_creates_has_its_parent_fsynced(tmp_path, monkeypatch):

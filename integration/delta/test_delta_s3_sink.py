@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from _support import S3Server
+from _support import S3Server, dies_with_uploads_open
 from twophase.sinks.delta import DeltaSink
 from twophase.sink import TransactionContext, run_task, sink_token
 
@@ -57,6 +57,7 @@ def test_delta_sink_inv4_last_batch_loser_files_and_uploads_removed_after_commit
     lost = ack(1, 0, rows(1000, 10))
     crashed = sink.create_writer(TransactionContext(sink.sink_id, 1, "0"))
     crashed.write(rows(1000, 10))  # open uploads; the task dies here
+    dies_with_uploads_open(crashed)
     won = [ack(1, 0, rows(1000, 10)), ack(1, 1, rows(1100, 10))]
     client = s3_server.client()
     assert client.list_multipart_uploads(Bucket=bucket, Prefix="table/").get("Uploads")

@@ -185,3 +185,12 @@ def crash_chain(fmt: str, tmp: Path, options: dict[str, str], files: Optional[in
     assert_ok(r)
     print(f"clean restart: {r.seconds:.1f}s")
     return ids, results
+
+
+def dies_with_uploads_open(writer: Any) -> None:
+    """Stand for a task that dies after ``write()`` with its multipart uploads open: wait until each of the
+    writer's CreateMultipartUpload calls has answered. They run on the writer's pool while it encodes, so a
+    test that lists uploads right after ``write()`` may see some not created yet (a task killed that early
+    leaves no upload at all; one whose create answers after a sweep is swept by the next)."""
+    for f in writer.open_files.values():
+        assert f.stream.upload_id

@@ -9,7 +9,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from _support import S3Server
+from _support import S3Server, dies_with_uploads_open
 from twophase.testing import abort, abort_lingering, commit
 from twophase.naming import own_part_checkpoint
 from twophase.sinks._s3 import complete_upload
@@ -85,6 +85,7 @@ def test_s3_sink_inv4_abort_lingering_only_up_to_n(s3_server: S3Server) -> None:
     for cid in (1, 2):
         txn = sink.create_writer(TransactionContext(sink.sink_id, cid, "0"))
         txn.write(rows(10))  # a task that dies here leaves an open upload
+        dies_with_uploads_open(txn)
     c = s3_server.client()
     assert len(c.list_multipart_uploads(Bucket=bucket)["Uploads"]) == 2
     assert abort_lingering(sink, 1) == 1
@@ -145,11 +146,14 @@ def test_s3_sink_inv4_last_batch_loser_upload_aborted_after_commit(s3_server: S3
     lost = run_task(sink, TransactionContext(sink.sink_id, 1, "0"), [rows(10)])  # pre-committed, ack lost
     crashed = sink.create_writer(TransactionContext(sink.sink_id, 1, "0"))
     crashed.write(rows(10))  # the upload is open; the task dies here
+    dies_with_uploads_open(crashed)
     won = run_task(sink, TransactionContext(sink.sink_id, 1, "0"), [rows(10)])
     in_flight = sink.create_writer(TransactionContext(sink.sink_id, 2, "0"))  # a later checkpoint's task
     in_flight.write(rows(10))
+    dies_with_uploads_open(in_flight)
     foreign = other.create_writer(TransactionContext(other.sink_id, 1, "0"))
     foreign.write(rows(10))
+    dies_with_uploads_open(foreign)
     client = s3_server.client()
     assert len(client.list_multipart_uploads(Bucket=bucket)["Uploads"]) == 5
     listings = count_calls(sink.client, "ListMultipartUploads")
@@ -177,6 +181,7 @@ def test_s3_sink_inv4_swept_with_the_commit_so_the_next_recovery_lists_no_upload
     log = sink.transaction_log()
     crashed = sink.create_writer(TransactionContext(sink.sink_id, 1, "0"))
     crashed.write(rows(10))
+    dies_with_uploads_open(crashed)
     acks = [run_task(sink, TransactionContext(sink.sink_id, 1, "0"), [rows(10)])]
     assert CheckpointCoordinator(sink, log).complete_batch(1, acks) == "COMMITTED"
     rec = log.get(1)
@@ -185,6 +190,7 @@ def test_s3_sink_inv4_swept_with_the_commit_so_the_next_recovery_lists_no_upload
     assert client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
     late = sink.create_writer(TransactionContext(sink.sink_id, 1, "1"))
     late.write(rows(10))
+    dies_with_uploads_open(late)
     listings = count_calls(sink.client, "ListMultipartUploads")
     CheckpointCoordinator(sink, log).recover()
     assert listings == []
@@ -239,6 +245,7 @@ def test_s3_sink_inv5_the_sweep_lists_while_the_uploads_complete_and_never_abort
     sink = make_sink(s3_server, bucket)
     loser = sink.create_writer(TransactionContext(sink.sink_id, 0, "0"))
     loser.write(rows(10))
+    dies_with_uploads_open(loser)
     ack = run_task(sink, TransactionContext(sink.sink_id, 0, "0"), [rows(10)])
     barrier = threading.Barrier(2, timeout=30)
 
