@@ -9,6 +9,7 @@ the Delta sink's whole-table listing runs here, on a local table."""
 from __future__ import annotations
 
 import pyarrow as pa
+import pytest
 from deltalake import DeltaTable
 
 from twophase.coordinator import CheckpointCoordinator
@@ -29,33 +30,16 @@ def _sink(path: str, **extra: str) -> DeltaSink:
     return s
 
 
-def test_naming_delta_whole_table_sweep_never_deletes_a_nested_tables_committed_files(tmp_path) -> None:
-    """Delta tables t and t/eu with the same sink.id: t's whole-table listing sweep sees t/eu's committed data
-    files (its token, checkpoint ids t's log has COMMITTED with other files) and must leave them: t/eu's
-    table still reads every row it committed."""
+@pytest.mark.parametrize("nested", ["eu", "region=eu"])
+def test_naming_delta_whole_table_sweep_never_deletes_a_nested_tables_committed_files(tmp_path, nested) -> None:
+    """Delta tables t (partitioned by p) and t/<nested> with the same sink.id: t's whole-table listing sweep sees
+    the nested table's committed data files (its token, checkpoint ids t's log has COMMITTED with other files)
+    and must leave them: the nested table still reads every row it committed, and t's own loser is swept.
+    ``region=eu`` is the one-job-per-partition layout: it looks like a Hive partition folder, but ``region`` is
+    not t's partition column, so its files are not t's."""
     outer = _sink(str(tmp_path / "t"), partitionBy="p", **{"log.retain": "2"})  # every sweep lists the whole table
-    inner = _sink(str(tmp_path / "t" / "eu"))
+    inner = _sink(str(tmp_path / "t" / nested))
     loser = run_task(outer, TransactionContext(outer.sink_id, 1, "out-0"), [_batch(5000)])  # a runtime task's loser
-    for cid in (0, 1):
-        CheckpointCoordinator(inner).complete_batch(cid, [run_task(inner, TransactionContext(inner.sink_id, cid, "0"),
-                                                                    [_batch(cid * 100)])])
-        CheckpointCoordinator(outer, sweep_after_commit=True).complete_batch(cid, [run_task(outer, TransactionContext(outer.sink_id, cid, "0"),
-                                                                    [_batch(1000 + cid * 100)])])
-    assert sorted(DeltaTable(inner.uri).to_pyarrow_table().column("id").to_pylist()) == list(range(0, 10)) + \
-        list(range(100, 110))
-    assert sorted(DeltaTable(outer.uri).to_pyarrow_table().column("id").to_pylist()) == \
-        list(range(1000, 1010)) + list(range(1100, 1110))
-    assert not any((tmp_path / "t" / f["rel"]).exists() for f in loser.handle["files"]), "the loser was not swept"
-
-
-def test_naming_delta_whole_table_sweep_never_deletes_a_nested_tables_files_at_a_hive_folder(tmp_path) -> None:
-    """The one-job-per-partition layout: Delta tables t (partitioned by p) and t/region=eu with the same sink.id.
-    t's whole-table listing sweep sees t/region=eu's committed data files under a ``<col>=<value>`` folder;
-    ``region`` is not t's partition column, so they are not t's and t/region=eu still reads every row it
-    committed (t's own loser under p=a is still swept)."""
-    outer = _sink(str(tmp_path / "t"), partitionBy="p", **{"log.retain": "2"})  # every sweep lists the whole table
-    inner = _sink(str(tmp_path / "t" / "region=eu"))
-    loser = run_task(outer, TransactionContext(outer.sink_id, 1, "out-0"), [_batch(5000)])
     for cid in (0, 1):
         CheckpointCoordinator(inner).complete_batch(cid, [run_task(inner, TransactionContext(inner.sink_id, cid, "0"),
                                                                     [_batch(cid * 100)])])

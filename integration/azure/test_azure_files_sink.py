@@ -284,50 +284,26 @@ def test_azure_files_bad_destination_is_a_configuration_error_naming_the_option(
     assert names(azure_server, container, uncommitted=True) == set()
 
 
+@pytest.mark.parametrize("nested, outer_partition_by", [("eu", "p"), ("region=eu", "p"), ("region=eu", "")])
 def test_azure_files_sink_inv4_a_nested_destination_with_the_same_sink_id_is_never_swept(
-        azure_server: AzureServer, container: str) -> None:
-    """Two destinations, one inside the other (.../out and .../out/eu), given the same explicit sink.id: their
-    names carry the same token and each has its own log. A's sweep lists out/, which holds B's staged blocks
-    too; it takes only names where A puts its files (directly under out/ or under Hive partition folders), so
-    B's pre-committed file survives and B commits it. A's own crashed attempt (a runtime task id,
+        azure_server: AzureServer, container: str, nested: str, outer_partition_by: str) -> None:
+    """Two destinations, one inside the other (.../out and .../out/<nested>), given the same explicit sink.id:
+    their names carry the same token and each has its own log. A's sweep lists out/, which holds B's staged
+    blocks too; it takes only names where A puts its files (directly under out/, or under the folders of A's own
+    partition columns), so B's pre-committed file survives and B commits it. ``region=eu`` is the
+    one-job-per-partition layout: it looks like a Hive partition folder, but ``region`` is not A's partition
+    column (A is partitioned by ``p``, or not at all). A's own crashed attempt (a runtime task id,
     ``<uid>-<subtask>``) is still swept."""
     from concurrent.futures import ThreadPoolExecutor
-    a = make_sink(azure_server, container, **{"sink.id": "same"})
-    b = file_sink_from_options({"path": azure_server.url(container, "out/eu"), **azure_server.options(),
+    a = make_sink(azure_server, container, **{"sink.id": "same", "partitionBy": outer_partition_by})
+    b = file_sink_from_options({"path": azure_server.url(container, f"out/{nested}"), **azure_server.options(),
                                 "sink.id": "same"}, SCHEMA)
     assert isinstance(b, AzureFilesSink) and sink_token(a.sink_id) == sink_token(b.sink_id)
     coord_a, coord_b = coordinator(a, "qa"), coordinator(b, "qb")  # two logs: no refusal
     b_ack = run_task(b, TransactionContext(b.sink_id, 1, "0"), [rows(1, 1)])  # pre-committed, not committed yet
-    crashed = f"p=even/{part_file_name(a.sink_id, 1, 'out-0', uuid.uuid4().hex[:12], 0, 'parquet')}"
-    with ThreadPoolExecutor(1) as pool:  # the embedded runtime's task died with blocks staged
-        stream = a.store.open_stream(a.store.key(crashed), pool)
-        stream.write(b"x" * 1000)
-        stream.finish()
-    assert crashed in names(azure_server, container, uncommitted=True)
-    assert coord_a.complete_batch(2, [run_task(a, TransactionContext(a.sink_id, 2, "0"), [rows(2, 0)])]) == "COMMITTED"
-    after = names(azure_server, container, uncommitted=True)
-    assert crashed not in after, "A's own crashed attempt was not swept"
-    assert {x["name"][len("out/"):] for x in b_ack.handle["blobs"]} <= after, "A swept the nested destination's file"
-    assert coord_b.complete_batch(1, [b_ack]) == "COMMITTED"
-
-
-@pytest.mark.parametrize("outer_partition_by", ["p", ""])
-def test_azure_files_sink_inv4_a_nested_destination_at_a_hive_folder_with_the_same_sink_id_is_never_swept(
-        azure_server: AzureServer, container: str, outer_partition_by: str) -> None:
-    """The one-job-per-partition layout: .../out/region=eu nested in .../out, the same explicit sink.id.
-    ``region=eu`` looks like a Hive partition folder, but ``region`` is not A's partition column (A is
-    partitioned by ``p``, or not at all): A's sweep takes only names under its own partition columns'
-    folders, so B's pre-committed file survives and B commits it. A's own crashed attempt is still swept."""
-    from concurrent.futures import ThreadPoolExecutor
-    a = make_sink(azure_server, container, **{"sink.id": "same", "partitionBy": outer_partition_by})
-    b = file_sink_from_options({"path": azure_server.url(container, "out/region=eu"), **azure_server.options(),
-                                "sink.id": "same"}, SCHEMA)
-    assert isinstance(b, AzureFilesSink) and sink_token(a.sink_id) == sink_token(b.sink_id)
-    coord_a, coord_b = coordinator(a, "qa"), coordinator(b, "qb")
-    b_ack = run_task(b, TransactionContext(b.sink_id, 1, "0"), [rows(1, 1)])  # pre-committed, not committed yet
     name = part_file_name(a.sink_id, 1, "out-0", uuid.uuid4().hex[:12], 0, "parquet")
     crashed = f"p=even/{name}" if outer_partition_by else name
-    with ThreadPoolExecutor(1) as pool:  # A's task died with blocks staged
+    with ThreadPoolExecutor(1) as pool:  # the embedded runtime's task died with blocks staged
         stream = a.store.open_stream(a.store.key(crashed), pool)
         stream.write(b"x" * 1000)
         stream.finish()
