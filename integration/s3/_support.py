@@ -74,17 +74,9 @@ def s3_server_fixture() -> Iterator[S3Server]:
     cmd = "moto" if kind == "moto" else "start"
     started = time.monotonic()
     proc = subprocess.run(["bash", str(SCRIPT), cmd, directory], capture_output=True, text=True, timeout=900)
-    if proc.returncode != 0:
-        # one more try in a fresh directory: a start that failed (seen: a ceph command refused while the machine
-        # was crowded with other runs' daemons) would otherwise fail every S3 test of the session
-        first = proc.stderr[-1500:]
-        print(f"S3 server ({kind}) did not start, trying once more: {first[-300:]}")
-        directory += "-retry"
-        proc = subprocess.run(["bash", str(SCRIPT), cmd, directory], capture_output=True, text=True, timeout=900)
-        if proc.returncode != 0:
-            _START_FAILURE.append(f"could not start the S3 server ({kind}), twice; first: {first}; "
-                                  f"second: {proc.stderr[-1500:]}")
-            pytest.fail(_START_FAILURE[0])
+    if proc.returncode != 0:  # the script has tried twice
+        _START_FAILURE.append(f"could not start the S3 server ({kind}): {proc.stderr[-2500:]}")
+        pytest.fail(_START_FAILURE[0])
     env = _parse_env_line(proc.stdout)
     print(f"S3 server {env['TWOPHASE_S3_KIND']} at {env['TWOPHASE_S3_ENDPOINT']} up in {time.monotonic() - started:.1f}s")
     try:
