@@ -14,6 +14,7 @@ AttributeError at the first batch. The floors match ``pyproject.toml`` (a test c
 | deltalake | >= 1.0 | ``DeltaTable.transaction_version`` (idempotent commits by application id) |
 | boto3 | >= 1.34 | conditional writes (``IfNoneMatch``) for the log on S3 |
 | azure-storage-blob | >= 12.19 | conditional Put Blob / Put Block List (``match_condition``), listing uncommitted blobs |
+| psycopg | >= 3.1 | twophase-postgres (``Cursor.copy``, two-phase commit by SQL) |
 | datafusion | >= 40 | a Delta table's CHECK constraints and generated columns, evaluated as delta-rs does |
 """
 
@@ -37,6 +38,7 @@ REQUIREMENTS: dict[str, tuple[str, Optional[str], str]] = {
     "datafusion": ("40", None, "delta"),
     "azure-storage-blob": ("12.19", None, "azure"),
     "aws-msk-iam-sasl-signer-python": ("1.0", None, "msk"),
+    "psycopg": ("3.1", None, "postgres"),
 }
 
 
@@ -56,7 +58,7 @@ def _key(version: str) -> tuple[int, ...]:
 MODULES = {"pyspark": "pyspark", "kafka-python": "kafka", "confluent-kafka": "confluent_kafka",
            "deltalake": "deltalake", "boto3": "boto3", "datafusion": "datafusion",
            "azure-storage-blob": "azure.storage.blob",
-           "aws-msk-iam-sasl-signer-python": "aws_msk_iam_sasl_signer"}
+           "aws-msk-iam-sasl-signer-python": "aws_msk_iam_sasl_signer", "psycopg": "psycopg"}
 
 
 @functools.lru_cache(maxsize=None)
