@@ -419,3 +419,25 @@ def test_user_sink_inv6_foreach_batch_binds_a_copy_so_one_sink_object_in_two_que
     foreach_batch(sink, owner=str(tmp_path / "ck1"))
     foreach_batch(sink, owner=str(tmp_path / "ck2"))
     assert sink.owner is None
+
+
+def test_user_sink_inv1_a_commit_hook_may_report_already_committed(tmp_path):
+    """Invariant 1: a commit hook that can tell a repeated commit returns CommitStatus.ALREADY_COMMITTED (also
+    through the default recover_and_commit); its pending record is removed all the same; None is COMMITTED."""
+
+    class Repeats(JsonLinesSink):
+        def commit(self, txn: Any) -> Any:
+            done = os.path.exists(os.path.join(self.root, self._d(txn)["final"]))
+            super().commit(txn)
+            return CommitStatus.ALREADY_COMMITTED if done else None
+
+        def recover_and_commit(self, txn: Any) -> Any:
+            return TwoPhaseCommitSink.recover_and_commit(self, txn)  # the default: commit(txn), its outcome
+
+    sink = make(tmp_path, Repeats)
+    ack = prepare(sink, 0)
+    assert testing.commit(sink, ack.handle) is CommitStatus.COMMITTED
+    assert testing.commit(sink, ack.handle) is CommitStatus.ALREADY_COMMITTED
+    assert testing.commit(sink, ack.handle, recovering=True) is CommitStatus.ALREADY_COMMITTED
+    assert visible(sink.root) == list(range(5))
+    assert sink.transaction_log().store.list(PENDING_PREFIX) == []

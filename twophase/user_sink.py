@@ -240,17 +240,19 @@ class TwoPhaseCommitSink(SinkSpec[UserCommittable], Generic[TXN]):
         """Make ``txn`` durable and still invisible (executor); after it returns, ``txn`` travels as JSON."""
 
     @abc.abstractmethod
-    def commit(self, txn: TXN) -> None:
+    def commit(self, txn: TXN) -> Optional[CommitStatus]:
         """Make ``txn`` visible (driver, after the checkpoint is durable); idempotent. Raise
-        :class:`~twophase.errors.DataLossError` if its data is gone."""
+        :class:`~twophase.errors.DataLossError` if its data is gone. May return
+        ``CommitStatus.ALREADY_COMMITTED`` when the destination tells that ``txn`` was committed before (anything
+        else, None included, is COMMITTED)."""
 
     @abc.abstractmethod
     def abort(self, txn: TXN) -> None:
         """Discard ``txn``; idempotent; never touches committed data."""
 
-    def recover_and_commit(self, txn: TXN) -> None:
+    def recover_and_commit(self, txn: TXN) -> Optional[CommitStatus]:
         """Commit ``txn`` at recovery (another process; the writer long gone). Default: :meth:`commit`."""
-        self.commit(txn)
+        return self.commit(txn)
 
     def recover_and_abort(self, txn: TXN) -> None:
         """Abort ``txn`` at recovery or in the sweep (the writer gone). Default: :meth:`abort`."""
@@ -379,7 +381,7 @@ class _UserCommitter(SinkCommitter[UserCommittable]):
         hook = "recover_and_commit" if recovering else "commit"
         txn = decode_txn(sink, committable)
         try:
-            sink.call_hook(hook, txn)
+            outcome = sink.call_hook(hook, txn)
         except DataLossError as e:  # invariant 3
             location = sink.resolved_log_location()
             return CommitResult(committable, CommitStatus.LOST, (
@@ -388,7 +390,9 @@ class _UserCommitter(SinkCommitter[UserCommittable]):
                 f"every restart stops here until an operator records the loss: twophase log resolve {location} "
                 f"--sink-id {sink.sink_id} --checkpoint {committable.checkpoint_id} --accept-loss"))
         self.store.delete(sink._pending_name(committable))
-        return CommitResult(committable, CommitStatus.COMMITTED)
+        # a hook that can tell a repeated commit (its destination says so) returns ALREADY_COMMITTED
+        status = CommitStatus.ALREADY_COMMITTED if outcome is CommitStatus.ALREADY_COMMITTED else CommitStatus.COMMITTED
+        return CommitResult(committable, status)
 
     def abort(self, committable: UserCommittable, *, recovering: bool = False) -> None:
         sink = self.sink
