@@ -36,6 +36,8 @@ def foreach_batch(sink: SinkSpec[Any], *, owner: str | None = None) -> Callable[
         fmt = data_source_for(sink)  # the sink's registered format refuses columns it cannot write
         if fmt is not None:
             fmt.check_sink_columns("foreach_batch", sink, df.schema)
+        elif hasattr(sink, "check_spark_schema"):  # a sink with no format of its own (twophase-postgres)
+            sink.check_spark_schema(df.schema)
         prepare_sink(sink, owner, what="foreach_batch")
 
         def task(batches: Iterator[Any]) -> Iterator[Any]:

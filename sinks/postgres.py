@@ -1,0 +1,643 @@
+"""``twophase-postgres``: exactly-once into a PostgreSQL table, by PostgreSQL's own two-phase commit.
+
+Built on the user-facing base :class:`twophase.TwoPhaseCommitSink` (nothing of the connector API besides a
+committer subclass that adds the server-side sweep)::
+
+    from twophase.sinks.postgres import PostgresSink
+    sink = PostgresSink(url="postgresql://writer:...@db:5432/app", table="public.events", sink_id="events-pg")
+    df.writeStream.foreachBatch(twophase.spark.foreach_batch(sink, owner=checkpoint)).option(
+        "checkpointLocation", checkpoint).start()
+
+Protocol, per task attempt (executor): one connection, a transaction (``lock_timeout`` set), the batch loaded
+with ``COPY ... FROM STDIN (FORMAT csv)`` (Arrow's C++ CSV writer encodes each chunk of ``batchSize`` rows; the
+server parses it: no per-row Python), the transaction's gid inserted into the sink's marker table, then
+``PREPARE TRANSACTION '<gid>'``: durable, invisible, and the connection is closed. The driver commits with
+``COMMIT PREPARED`` once the checkpoint is durable in the log.
+
+The gid is ``tp_<token>_<table digest>_<checkpoint:020d>_<task>_<attempt>`` (``token`` =
+:func:`twophase.sink.sink_token` of the sink id, the table digest of the target's ``schema.table``): the sweep
+takes a prepared transaction of ``pg_prepared_xacts`` (in this database) only when its gid carries this sink's
+token AND table digest, and its checkpoint is ``<=`` the swept one; never another sink's, never another table's
+with the same sink id.
+
+Invariants (``test_pg_invN_*`` in ``integration/postgres/``):
+
+1. Nothing of a batch is visible before ``COMMIT PREPARED``; a row the table refuses (a constraint) fails the
+   task and nothing of its transaction stays (rolled back before PREPARE).
+2. A repeated commit is ALREADY_COMMITTED, a lost one LOST: the gid is gone in both cases, but a committed
+   transaction left its row in the marker table (written inside the same transaction), a rolled-back one did
+   not. The marker rows of checkpoints below the highest committed one are pruned by the sweep.
+3. ``abort`` is ``ROLLBACK PREPARED`` (or the open transaction's rollback); a missing gid is fine; it never
+   touches committed rows (a committed gid no longer exists).
+4. The handle is ``{"gid": ...}``: the driver (or a recovering process) needs only the gid and the URL.
+5. The sweep rolls back this sink's own prepared transactions of checkpoints ``<= n`` (recorded ones through
+   the base's pending records, the rest found in ``pg_prepared_xacts`` by token and table digest); it warns
+   (``postgres_prepared_transaction_old``) when one of its own is older than ``preparedWarnAfter`` seconds:
+   a prepared transaction holds its locks and holds back VACUUM until it is committed or rolled back.
+6. Checked on the driver before any data moves (:meth:`PostgresSink.validate_destination`,
+   :meth:`PostgresSink.check_spark_schema`): the server answers with these credentials,
+   ``max_prepared_transactions > 0``, the table exists, the role may write it (and the marker table), every
+   column of the stream exists in the table with a type it round-trips through, NOT NULL columns without a
+   default are in the stream, ``upsertKeys`` match a unique index. Each error names the option or setting
+   and the fix. The URL's password is never in a message, a log line or a repr (:mod:`twophase._redact`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import re
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence, Union
+
+from twophase._logging import get_logger
+from twophase._redact import redact_text, redact_values
+from twophase.errors import (ConfigurationError, ConstraintViolationError, DataLossError, MissingDependencyError,
+                             TransientSinkError)
+from twophase.sink import CommitStatus, TransactionContext, sink_token
+from twophase.user_sink import TwoPhaseCommitSink, _UserCommitter
+
+_log = get_logger(__name__)
+
+#: the marker table's default name (in the target table's schema)
+MARKER_TABLE = "_twophase_commits"
+_GID = re.compile(r"^tp_([0-9a-f]{12})_([0-9a-f]{8})_(\d{20})_(.+)_([A-Za-z0-9]+)$")
+_GID_UNSAFE = re.compile(r"[^A-Za-z0-9.\-]")
+
+#: Arrow type -> the PostgreSQL types (pg_type.typname) a column of it round-trips through
+_INTS = {8: ("int2", "int4", "int8", "numeric"), 16: ("int2", "int4", "int8", "numeric"),
+         32: ("int4", "int8", "numeric"), 64: ("int8", "numeric")}
+
+
+def _psycopg() -> Any:
+    try:
+        from twophase._versions import require
+        require("psycopg", what="twophase-postgres")
+        import psycopg
+    except ImportError as e:
+        raise MissingDependencyError("twophase-postgres needs psycopg 3: pip install 'twophase[postgres]'") from e
+    return psycopg
+
+
+def _pg_types_for(t: Any) -> Optional[tuple[str, ...]]:
+    """The PostgreSQL column types an Arrow type round-trips through, or None (refused)."""
+    import pyarrow as pa
+    if pa.types.is_boolean(t):
+        return ("bool",)
+    if pa.types.is_signed_integer(t):
+        return _INTS[t.bit_width]
+    if pa.types.is_float32(t):
+        return ("float4", "float8")
+    if pa.types.is_float64(t):
+        return ("float8",)
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return ("text", "varchar")
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return ("bytea",)
+    if pa.types.is_date32(t):
+        return ("date",)
+    if pa.types.is_timestamp(t):
+        return ("timestamptz",) if t.tz else ("timestamp",)
+    if pa.types.is_decimal(t):
+        return ("numeric",)
+    return None
+
+
+_FIX_TYPES = ("map it to a column type that round-trips (boolean, smallint/integer/bigint, real/double "
+              "precision, text/varchar, bytea, date, timestamp (timestamp_ntz), timestamptz (timestamp), numeric), "
+              "or cast it in the query (e.g. to_json(col) into a text column)")
+
+
+@dataclass(frozen=True)
+class _Column:
+    name: str
+    typname: str
+    typmod: int
+    not_null: bool
+    has_default: bool
+
+
+def _quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _parse_table(table: str) -> tuple[str, str]:
+    """``schema.table`` (either part may be double-quoted) -> (schema, table); no schema: ``public``."""
+    parts, cur, quoted, i = [], "", False, 0
+    while i < len(table):
+        ch = table[i]
+        if quoted:
+            if ch == '"' and table[i + 1:i + 2] == '"':
+                cur += '"'; i += 1  # noqa: E702
+            elif ch == '"':
+                quoted = False
+            else:
+                cur += ch
+        elif ch == '"':
+            quoted = True
+        elif ch == ".":
+            parts.append(cur); cur = ""  # noqa: E702
+        else:
+            cur += ch.lower()  # unquoted identifiers fold to lower case, as PostgreSQL does
+        i += 1
+    parts.append(cur)
+    if quoted or any(not p for p in parts) or len(parts) > 2:
+        raise ConfigurationError(f"twophase-postgres: option 'table' must be 'schema.table' (parts may be "
+                                 f"double-quoted), got {table!r}")
+    return (parts[0], parts[1]) if len(parts) == 2 else ("public", parts[0])
+
+
+def _int_option(name: str, value: Any, low: float) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ConfigurationError(f"twophase-postgres: option {name!r} must be a number, got {value!r}") from None
+    if v < low:
+        raise ConfigurationError(f"twophase-postgres: option {name!r} must be >= {low}, got {value!r}")
+    return v
+
+
+class PostgresSink(TwoPhaseCommitSink[dict]):
+    """Exactly-once into the PostgreSQL table ``table`` at ``url`` (see the module doc).
+
+    Options (constructor keywords; strings are accepted, as a Spark format's options are):
+    ``url`` libpq URI (``postgresql://user:password@host:port/db?sslmode=...``; the password may also come from
+    ``PGPASSWORD`` or ``~/.pgpass``); ``table`` ``schema.table``; ``mode`` ``append`` (the only mode);
+    ``upsertKeys`` comma-separated key columns (a unique index on exactly them): rows are staged in a table of
+    the attempt and merged with ``INSERT ... ON CONFLICT (keys) DO UPDATE`` inside the prepared transaction;
+    ``batchSize`` rows per COPY chunk (10000); ``lockTimeout`` seconds a task waits for a row or table lock
+    (60; a prepared transaction of the same batch holding a key another task upserts waits until its commit:
+    partition upserted streams by the keys); ``preparedWarnAfter`` seconds (300); ``markerTable`` (default
+    ``<schema>._twophase_commits``).
+    """
+
+    #: the sweep also reads pg_prepared_xacts: after each commit too (a lingering prepared transaction holds locks)
+    sweep_after_commit = True
+
+    def __init__(self, url: str, table: str, *, mode: str = "append", upsertKeys: Union[str, Sequence[str], None] = None,
+                 batchSize: Union[int, str] = 10000, lockTimeout: Union[float, str] = 60,
+                 preparedWarnAfter: Union[float, str] = 300, markerTable: Optional[str] = None, **kw: Any) -> None:
+        super().__init__(**kw)
+        if not isinstance(url, str) or not url.strip():
+            raise ConfigurationError("twophase-postgres: option 'url' is required: a libpq URI, "
+                                     "postgresql://user:password@host:5432/database")
+        self.url = url
+        self.schema, self.table = _parse_table(table)
+        if str(mode).strip().lower() != "append":
+            raise ConfigurationError(f"twophase-postgres: option 'mode' must be 'append' (got {mode!r}); for "
+                                     "updates of existing rows give upsertKeys (INSERT ... ON CONFLICT)")
+        self.mode = "append"
+        if isinstance(upsertKeys, str):
+            keys = [k.strip() for k in upsertKeys.split(",") if k.strip()]
+        else:
+            keys = list(upsertKeys or [])
+        self.upsert_keys = tuple(keys)
+        self.batch_size = int(_int_option("batchSize", batchSize, 1))
+        self.lock_timeout = _int_option("lockTimeout", lockTimeout, 0)
+        self.prepared_warn_after = _int_option("preparedWarnAfter", preparedWarnAfter, 0)
+        mschema, mtable = _parse_table(markerTable) if markerTable else (self.schema, MARKER_TABLE)
+        self.marker_schema, self.marker_table = mschema, mtable
+        digest = hashlib.sha256(f"{self.schema}.{self.table}".encode()).hexdigest()[:8]
+        #: every gid of this sink on this table starts with it (the sweep's proof of ownership)
+        self.gid_prefix = f"tp_{sink_token(self.sink_id)}_{digest}_"
+        self._init_local()
+
+    def _init_local(self) -> None:
+        self._lock = threading.Lock()
+        self._open: dict[str, Any] = {}  # gid -> {"conn", "prepared", "stage", "columns"}
+        self._driver: Any = None
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k not in ("_lock", "_open", "_driver")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._init_local()
+
+    def __repr__(self) -> str:
+        return (f"PostgresSink(url={redact_text(self.url)!r}, table={self.qualified!r}, sink_id={self.sink_id!r}, "
+                f"upsertKeys={list(self.upsert_keys)})")
+
+    # ---- names
+
+    @property
+    def qualified(self) -> str:
+        return f"{_quote_ident(self.schema)}.{_quote_ident(self.table)}"
+
+    @property
+    def marker(self) -> str:
+        return f"{_quote_ident(self.marker_schema)}.{_quote_ident(self.marker_table)}"
+
+    def gid(self, context: TransactionContext) -> str:
+        task = _GID_UNSAFE.sub("_", context.task_id)[:80]
+        attempt = re.sub(r"[^A-Za-z0-9]", "", context.attempt_uid)[:32] or "0"
+        return f"{self.gid_prefix}{context.checkpoint_id:020d}_{task}_{attempt}"
+
+    def own_checkpoint(self, gid: str) -> Optional[int]:
+        """The checkpoint id of ``gid`` if this sink (on this table) made it, else None."""
+        if not gid.startswith(self.gid_prefix):
+            return None
+        m = _GID.match(gid)
+        return int(m.group(3)) if m else None
+
+    # ---- connections and errors
+
+    def _error(self, e: BaseException, doing: str) -> Exception:
+        """A psycopg error as twophase's: the URL's password never in it."""
+        psycopg = _psycopg()
+        text = redact_values(redact_text(str(e)).strip(), [self._password()])
+        where = f"twophase-postgres (sink {self.sink_id!r}, table {self.schema}.{self.table}, " \
+                f"url {redact_text(self.url)}): {doing}"
+        if isinstance(e, psycopg.errors.IntegrityError):
+            return ConstraintViolationError(f"{where}: a row breaks a constraint of the table ({text}); nothing of "
+                                            "this task's transaction was kept")
+        if isinstance(e, psycopg.OperationalError):
+            return TransientSinkError(f"{where}: {text}")
+        return TransientSinkError(f"{where}: {type(e).__name__}: {text}", retriable=False)
+
+    def _password(self) -> Optional[str]:
+        try:
+            from psycopg.conninfo import conninfo_to_dict
+            return conninfo_to_dict(self.url).get("password")  # type: ignore[return-value]
+        except Exception:
+            return None
+
+    def connect(self, *, autocommit: bool) -> Any:
+        psycopg = _psycopg()
+        try:
+            return psycopg.connect(self.url, autocommit=autocommit, connect_timeout=30,
+                                   application_name=f"twophase-{sink_token(self.sink_id)}")
+        except psycopg.Error as e:
+            text = redact_values(redact_text(str(e)).strip(), [self._password()])
+            fix = ("check the user and password in option 'url' (or PGPASSWORD / ~/.pgpass) and the server's "
+                   "pg_hba.conf" if "password" in text or "authentication" in text
+                   else "check host, port and database in option 'url', and that the server accepts TCP connections")
+            raise ConfigurationError(f"twophase-postgres (sink {self.sink_id!r}): cannot connect to "
+                                     f"{redact_text(self.url)}: {text}; {fix}",
+                                     retriable=isinstance(e, psycopg.OperationalError) and "password" not in fix) from None
+
+    def _driver_conn(self) -> Any:
+        with self._lock:
+            if self._driver is None or self._driver.closed:
+                self._driver = self.connect(autocommit=True)
+            return self._driver
+
+    def close(self) -> None:
+        with self._lock:
+            if self._driver is not None:
+                self._driver.close()
+                self._driver = None
+
+    # ---- driver-side checks (invariant 6)
+
+    def columns(self, conn: Any) -> dict[str, _Column]:
+        rows = conn.execute(
+            "SELECT a.attname, t.typname, a.atttypmod, a.attnotnull, a.atthasdef OR a.attidentity <> '' "
+            "OR a.attgenerated <> '' FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid "
+            "WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+            (self.qualified,)).fetchall()
+        return {r[0]: _Column(r[0], r[1], r[2], r[3], r[4]) for r in rows}
+
+    def validate_destination(self) -> None:
+        conn = self._driver_conn()
+        where = f"twophase-postgres (sink {self.sink_id!r})"
+        try:
+            mpt = int(conn.execute("SHOW max_prepared_transactions").fetchone()[0])
+            if mpt <= 0:
+                raise ConfigurationError(
+                    f"{where}: the server's max_prepared_transactions is {mpt} (PostgreSQL's default), so PREPARE "
+                    "TRANSACTION is refused and no exactly-once write can work. Set it to at least the number of "
+                    "tasks of a batch, e.g. ALTER SYSTEM SET max_prepared_transactions = 64 (or in postgresql.conf), "
+                    "and restart the server")
+            if conn.execute("SELECT to_regclass(%s)", (self.qualified,)).fetchone()[0] is None:
+                raise ConfigurationError(
+                    f"{where}: option 'table': table {self.schema}.{self.table} does not exist (or this role cannot "
+                    f"see its schema) in database {conn.info.dbname}; create it first (twophase-postgres never "
+                    "creates the target table) or fix option 'table' ('schema.table')")
+            need = ["INSERT"] + (["UPDATE", "SELECT"] if self.upsert_keys else [])
+            missing = [p for p in need if not conn.execute("SELECT has_table_privilege(%s, %s)",
+                                                            (self.qualified, p)).fetchone()[0]]
+            if missing:
+                raise ConfigurationError(
+                    f"{where}: role {conn.info.user} may not {', '.join(missing)} table {self.schema}.{self.table}: "
+                    f"GRANT {', '.join(missing)} ON {self.qualified} TO {_quote_ident(conn.info.user)}")
+            self._ensure_marker(conn)
+            if self.upsert_keys:
+                self._check_upsert_keys(conn)
+            self.warn_old_prepared(conn)
+        except ConfigurationError:
+            raise
+        except _psycopg().Error as e:
+            raise self._error(e, "checking the destination") from None
+
+    def _ensure_marker(self, conn: Any) -> None:
+        where = f"twophase-postgres (sink {self.sink_id!r})"
+        ddl = (f"CREATE TABLE IF NOT EXISTS {self.marker} (gid text PRIMARY KEY, gid_prefix text NOT NULL, "
+               "checkpoint_id bigint NOT NULL, prepared_at timestamptz NOT NULL DEFAULT now())")
+        if conn.execute("SELECT to_regclass(%s)", (self.marker,)).fetchone()[0] is None:
+            try:
+                conn.execute(ddl)
+            except _psycopg().errors.InsufficientPrivilege:
+                raise ConfigurationError(
+                    f"{where}: the marker table {self.marker_schema}.{self.marker_table} (which tells a repeated "
+                    "commit from a lost one) does not exist and this role may not create it. Have its owner run: "
+                    f"{ddl}; GRANT SELECT, INSERT, DELETE ON {self.marker} TO {_quote_ident(conn.info.user)} "
+                    "(or give option markerTable)") from None
+        missing = [p for p in ("SELECT", "INSERT", "DELETE")
+                   if not conn.execute("SELECT has_table_privilege(%s, %s)", (self.marker, p)).fetchone()[0]]
+        if missing:
+            raise ConfigurationError(
+                f"{where}: role {conn.info.user} may not {', '.join(missing)} the marker table "
+                f"{self.marker_schema}.{self.marker_table}: GRANT SELECT, INSERT, DELETE ON {self.marker} TO "
+                f"{_quote_ident(conn.info.user)}")
+
+    def _check_upsert_keys(self, conn: Any) -> None:
+        cols = self.columns(conn)
+        unknown = [k for k in self.upsert_keys if k not in cols]
+        if unknown:
+            raise ConfigurationError(f"twophase-postgres: option 'upsertKeys' names {unknown}, which are not columns "
+                                     f"of {self.schema}.{self.table} ({', '.join(cols)})")
+        uniques = conn.execute(
+            "SELECT array_agg(a.attname::text ORDER BY a.attname) FROM pg_index i "
+            "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "
+            "WHERE i.indrelid = to_regclass(%s) AND i.indisunique AND i.indpred IS NULL GROUP BY i.indexrelid",
+            (self.qualified,)).fetchall()
+        if sorted(self.upsert_keys) not in [sorted(r[0]) for r in uniques]:
+            raise ConfigurationError(
+                f"twophase-postgres: option 'upsertKeys' {list(self.upsert_keys)} must be exactly the columns of a "
+                f"unique index or constraint of {self.schema}.{self.table} (INSERT ... ON CONFLICT needs one): "
+                f"ALTER TABLE {self.qualified} ADD UNIQUE ({', '.join(map(_quote_ident, self.upsert_keys))})")
+        if not conn.execute("SELECT has_schema_privilege(%s, 'CREATE')", (self.schema,)).fetchone()[0]:
+            raise ConfigurationError(
+                f"twophase-postgres: option 'upsertKeys' stages rows in a table of the attempt in schema "
+                f"{self.schema} (a temporary table cannot be in a prepared transaction); role {conn.info.user} may "
+                f"not create tables there: GRANT CREATE ON SCHEMA {_quote_ident(self.schema)} TO "
+                f"{_quote_ident(conn.info.user)}")
+
+    def check_arrow_schema(self, schema: Any, columns: dict[str, _Column], *, what: str = "twophase-postgres") -> None:
+        """Refuse a column the table cannot take exactly (invariant 6); names the column, both types and the fix."""
+        names = list(schema.names)
+        for field in schema:
+            allowed = _pg_types_for(field.type)
+            col = columns.get(field.name)
+            if col is None:
+                raise ConfigurationError(
+                    f"{what}: column {field.name!r} of the stream is not a column of {self.schema}.{self.table} "
+                    f"({', '.join(columns)}); add it to the table or drop / rename it in the query")
+            if allowed is None:
+                raise ConfigurationError(f"{what}: column {field.name!r} has type {field.type}, which twophase-postgres "
+                                         f"cannot write so that it reads back the same: {_FIX_TYPES}")
+            if col.typname not in allowed:
+                raise ConfigurationError(
+                    f"{what}: column {field.name!r} ({field.type}) cannot round-trip through {self.schema}.{self.table}"
+                    f".{col.name} of type {col.typname}: make the table column one of {', '.join(allowed)}, or cast "
+                    "the stream's column")
+            if col.typname == "numeric" and col.typmod >= 4:
+                import pyarrow as pa
+                prec, scale = ((col.typmod - 4) >> 16) & 0xFFFF, (col.typmod - 4) & 0xFFFF
+                p, s = ((field.type.precision, field.type.scale) if pa.types.is_decimal(field.type)
+                        else (len(str(2 ** (field.type.bit_width - 1))), 0))
+                if s > scale or p - s > prec - scale:
+                    raise ConfigurationError(
+                        f"{what}: column {field.name!r} ({field.type}) does not fit {col.name} numeric({prec},{scale}): "
+                        f"widen the table column to numeric({max(prec - scale, p - s) + max(s, scale)},"
+                        f"{max(s, scale)}) or unconstrained numeric")
+        required = [c.name for c in columns.values() if c.not_null and not c.has_default and c.name not in names]
+        if required:
+            raise ConfigurationError(f"{what}: {self.schema}.{self.table} has NOT NULL columns without a default that "
+                                     f"the stream does not carry: {required}; add them to the query or give them a "
+                                     "default")
+        missing_keys = [k for k in self.upsert_keys if k not in names]
+        if missing_keys:
+            raise ConfigurationError(f"{what}: option 'upsertKeys' names {missing_keys}, which the stream does not carry")
+
+    def check_spark_schema(self, schema: Any) -> None:
+        """The driver's check of a Spark stream's columns (``foreach_batch`` calls it before any data moves)."""
+        import pyarrow as pa
+        from pyspark.sql import types as T
+        from pyspark.sql.pandas.types import to_arrow_schema
+        fields = []
+        for f in schema.fields:
+            try:
+                fields.append(to_arrow_schema(T.StructType([f]), timezone="UTC", prefers_large_types=False)[0])
+            except Exception:
+                raise ConfigurationError(f"foreach_batch(twophase-postgres): column {f.name!r} has Spark type "
+                                         f"{f.dataType.simpleString()}, which has no exact form here: {_FIX_TYPES}") from None
+        try:
+            cols = self.columns(self._driver_conn())
+        except _psycopg().Error as e:
+            raise self._error(e, "reading the table's columns") from None
+        if not cols:
+            self.validate_destination()  # names what is wrong with option 'table'
+        self.check_arrow_schema(pa.schema(fields), cols, what="foreach_batch(twophase-postgres)")
+
+    def warn_old_prepared(self, conn: Any) -> int:
+        """Log ``postgres_prepared_transaction_old`` for each prepared transaction of this sink older than
+        ``preparedWarnAfter`` seconds; returns how many."""
+        rows = conn.execute(
+            "SELECT gid, extract(epoch FROM now() - prepared) FROM pg_prepared_xacts WHERE database = "
+            "current_database() AND starts_with(gid, %s) AND now() - prepared > make_interval(secs => %s)",
+            (self.gid_prefix, self.prepared_warn_after)).fetchall()
+        for gid, age in rows:
+            _log.warning("postgres_prepared_transaction_old", sink_id=self.sink_id, gid=gid, age_s=round(float(age), 1),
+                         consequence="it holds its row and table locks and holds back VACUUM until the driver commits "
+                                     "or the sweep rolls it back; a stopped query leaves it: restart the query (or "
+                                     f"ROLLBACK PREPARED '{gid}' if its checkpoint was never completed)")
+        return len(rows)
+
+    # ---- executor hooks
+
+    def begin_transaction(self, context: TransactionContext) -> dict:
+        gid = self.gid(context)
+        conn = self.connect(autocommit=False)
+        try:
+            conn.execute(f"SET LOCAL lock_timeout = {int(self.lock_timeout * 1000)}")
+        except Exception as e:
+            conn.close()
+            raise self._error(e, "opening the transaction") from None
+        with self._lock:
+            self._open[gid] = {"conn": conn, "prepared": False, "stage": None, "columns": None}
+        return {"gid": gid}
+
+    def _state(self, txn: dict) -> dict:
+        with self._lock:
+            state = self._open.get(txn["gid"])
+        if state is None:
+            raise TransientSinkError(f"twophase-postgres: transaction {txn['gid']} has no open connection in this "
+                                     "process (its task was restarted?)")
+        return state
+
+    def write(self, txn: dict, batch: Any) -> None:
+        import pyarrow as pa
+        import pyarrow.csv as pacsv
+        if batch.num_rows == 0:
+            return
+        state = self._state(txn)
+        conn = state["conn"]
+        psycopg = _psycopg()
+        try:
+            if state["columns"] is None:
+                self.check_arrow_schema(batch.schema, self.columns(conn))
+                state["columns"] = list(batch.schema.names)
+                if self.upsert_keys:
+                    stage = f"_twophase_stage_{hashlib.sha256(txn['gid'].encode()).hexdigest()[:16]}"
+                    cols = ", ".join(map(_quote_ident, state["columns"]))
+                    conn.execute(f"CREATE UNLOGGED TABLE {_quote_ident(self.schema)}.{_quote_ident(stage)} AS "
+                                 f"SELECT {cols} FROM {self.qualified} WITH NO DATA")
+                    state["stage"] = stage
+            elif list(batch.schema.names) != state["columns"]:
+                raise ConfigurationError(f"twophase-postgres: a batch's columns {batch.schema.names} differ from the "
+                                         f"first batch's {state['columns']} in one task")
+            target = (f"{_quote_ident(self.schema)}.{_quote_ident(state['stage'])}" if state["stage"]
+                      else self.qualified)
+            copy_sql = (f"COPY {target} ({', '.join(map(_quote_ident, state['columns']))}) FROM STDIN "
+                        "(FORMAT csv)")
+            table = pa.Table.from_batches([_csv_ready(batch)])
+            options = pacsv.WriteOptions(include_header=False)
+            with conn.cursor() as cur, cur.copy(copy_sql) as copy:
+                for start in range(0, table.num_rows, self.batch_size):
+                    buf = io.BytesIO()
+                    pacsv.write_csv(table.slice(start, self.batch_size), buf, options)
+                    copy.write(buf.getbuffer())
+        except ConfigurationError:
+            raise
+        except psycopg.Error as e:
+            raise self._error(e, "loading rows with COPY") from None
+
+    def pre_commit(self, txn: dict) -> None:
+        state = self._state(txn)
+        conn, gid = state["conn"], txn["gid"]
+        psycopg = _psycopg()
+        try:
+            if state["stage"]:
+                cols = state["columns"]
+                stage = f"{_quote_ident(self.schema)}.{_quote_ident(state['stage'])}"
+                names = ", ".join(map(_quote_ident, cols))
+                rest = [c for c in cols if c not in self.upsert_keys]
+                action = ("DO UPDATE SET " + ", ".join(f"{_quote_ident(c)} = EXCLUDED.{_quote_ident(c)}" for c in rest)
+                          if rest else "DO NOTHING")
+                conn.execute(f"INSERT INTO {self.qualified} ({names}) SELECT {names} FROM {stage} ON CONFLICT "
+                             f"({', '.join(map(_quote_ident, self.upsert_keys))}) {action}")
+                conn.execute(f"DROP TABLE {stage}")
+            conn.execute(f"INSERT INTO {self.marker} (gid, gid_prefix, checkpoint_id) VALUES (%s, %s, %s)",
+                         (gid, self.gid_prefix, int(gid[len(self.gid_prefix):].split("_", 1)[0])))
+            conn.execute(f"PREPARE TRANSACTION '{gid}'")
+            state["prepared"] = True
+        except psycopg.Error as e:
+            raise self._error(e, "preparing the transaction (PREPARE TRANSACTION)") from None
+        finally:
+            if state["prepared"]:
+                self._forget(gid)
+
+    def _forget(self, gid: str) -> None:
+        with self._lock:
+            state = self._open.pop(gid, None)
+        if state is not None:
+            try:
+                state["conn"].close()
+            except Exception:
+                pass
+
+    # ---- driver hooks
+
+    def commit(self, txn: dict) -> Optional[CommitStatus]:
+        gid = txn["gid"]
+        psycopg = _psycopg()
+        conn = self._driver_conn()
+        try:
+            conn.execute(f"COMMIT PREPARED '{gid}'")
+            return None
+        except psycopg.errors.UndefinedObject:
+            pass  # gone: committed before (its marker is there) or rolled back (it is not)
+        except psycopg.Error as e:
+            raise self._error(e, f"COMMIT PREPARED '{gid}'") from None
+        try:
+            found = conn.execute(f"SELECT 1 FROM {self.marker} WHERE gid = %s", (gid,)).fetchone()
+        except psycopg.Error as e:
+            raise self._error(e, f"reading the marker of {gid}") from None
+        if found:
+            return CommitStatus.ALREADY_COMMITTED
+        raise DataLossError(
+            f"prepared transaction {gid} is not in pg_prepared_xacts and its marker is not in "
+            f"{self.marker_schema}.{self.marker_table}: it was rolled back (ROLLBACK PREPARED by an operator, or the "
+            "server's data directory restored) and its rows are not in the table")
+
+    def abort(self, txn: dict) -> None:
+        gid = txn["gid"]
+        with self._lock:
+            state = self._open.get(gid)
+        if state is not None and not state["prepared"]:
+            self._forget(gid)  # closing the connection rolls the open transaction back
+            return
+        psycopg = _psycopg()
+        conn = self._driver_conn()
+        try:
+            conn.execute(f"ROLLBACK PREPARED '{gid}'")
+        except psycopg.errors.UndefinedObject:
+            pass  # never prepared, rolled back before, or committed: nothing of ours to discard
+        except psycopg.Error as e:
+            raise self._error(e, f"ROLLBACK PREPARED '{gid}'") from None
+
+    def create_committer(self) -> "_PostgresCommitter":
+        self._check_init()
+        return _PostgresCommitter(self)
+
+    def prepared(self) -> list[str]:
+        """The gids of this sink's prepared transactions (on its table, in its database)."""
+        rows = self._driver_conn().execute(
+            "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() AND starts_with(gid, %s) "
+            "ORDER BY gid", (self.gid_prefix,)).fetchall()
+        return [r[0] for r in rows]
+
+
+def _csv_ready(batch: Any) -> Any:
+    """``batch`` with binary columns as PostgreSQL's bytea hex text (Arrow's CSV writer has no bytea form)."""
+    import pyarrow as pa
+    if not any(pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type) for f in batch.schema):
+        return batch
+    arrays = []
+    for f, col in zip(batch.schema, batch.columns):
+        if pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type):
+            col = pa.array([None if v is None else "\\x" + v.hex() for v in col.to_pylist()], pa.string())
+        arrays.append(col)
+    return pa.RecordBatch.from_arrays(arrays, names=batch.schema.names)
+
+
+class _PostgresCommitter(_UserCommitter):
+    """The base's committer, plus the server-side sweep (invariant 5) and the marker table's pruning."""
+
+    sink: PostgresSink
+
+    def abort_lingering(self, up_to_checkpoint: int, highest_committed: Optional[int]) -> int:
+        aborted = super().abort_lingering(up_to_checkpoint, highest_committed)
+        sink = self.sink
+        psycopg = _psycopg()
+        try:
+            conn = sink._driver_conn()
+            for gid in sink.prepared():
+                cid = sink.own_checkpoint(gid)
+                if cid is None or cid > up_to_checkpoint:
+                    continue  # another sink's / another table's, or a newer checkpoint may still ack it
+                try:
+                    conn.execute(f"ROLLBACK PREPARED '{gid}'")
+                    aborted += 1
+                except psycopg.errors.UndefinedObject:
+                    pass
+            if highest_committed is not None:
+                conn.execute(f"DELETE FROM {sink.marker} WHERE gid_prefix = %s AND checkpoint_id < %s",
+                             (sink.gid_prefix, highest_committed))
+            sink.warn_old_prepared(conn)
+        except psycopg.Error as e:
+            raise sink._error(e, "sweeping lingering prepared transactions") from None
+        if aborted:
+            _log.info("postgres_lingering_rolled_back", sink_id=sink.sink_id, up_to=up_to_checkpoint,
+                      transactions=aborted)
+        return aborted
+
+    def close(self) -> None:
+        pass  # the driver connection belongs to the sink (closed by PostgresSink.close)
+
+
+__all__ = ["MARKER_TABLE", "PostgresSink"]
