@@ -566,6 +566,10 @@ class PostgresSink(TwoPhaseCommitSink[dict]):
 
     def abort(self, txn: dict) -> None:
         gid = txn["gid"]
+        if self.own_checkpoint(gid) is None:  # another table's (a log shared by mistake): never ours to roll back
+            _log.warning("postgres_foreign_transaction_kept", sink_id=self.sink_id, gid=gid,
+                         table=f"{self.schema}.{self.table}")
+            return
         with self._lock:
             state = self._open.get(gid)
         if state is not None and not state["prepared"]:
