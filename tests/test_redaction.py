@@ -478,3 +478,22 @@ def test_user_sink_hook_errors_pass_through_the_redaction() -> None:
         sink.call_hook("begin_transaction", None)
     assert "Leaky.begin_transaction of sink 'leaky'" in str(e.value)
     assert_no_secret(str(e.value), "SinkHookError")
+
+
+@pytest.mark.parametrize("url", [
+    "postgresql://writer:PGPW-s3cr3t%2Fx@127.0.0.1:1/app",
+    "postgresql://writer@127.0.0.1:1/app?password=PGPW-s3cr3t%2Fx&sslmode=disable",
+    "host=127.0.0.1 port=1 user=writer password=PGPW-s3cr3t%2Fx dbname=app",
+])
+def test_postgres_sink_url_password_never_in_repr_errors_or_pickled_text(url, tmp_path) -> None:
+    """twophase-postgres: the libpq URL's password (userinfo, query parameter or key=value conninfo) is masked
+    in the sink's repr and in a connection error; the pickled sink still carries it (executors connect)."""
+    psycopg = pytest.importorskip("psycopg")  # noqa: F841
+    from twophase.sinks.postgres import PostgresSink
+    sink = PostgresSink(url=url, table="public.t", sink_id="pg", log_location=str(tmp_path))
+    assert "PGPW-s3cr3t" not in repr(sink) and "PGPW-s3cr3t" not in str(sink)
+    assert "PGPW-s3cr3t" not in redact_text(url)
+    with pytest.raises(ConfigurationError) as e:
+        sink.validate_destination()  # nothing listens on port 1
+    assert "PGPW-s3cr3t" not in str(e.value) and "option 'url'" in str(e.value), str(e.value)
+    assert pickle.loads(pickle.dumps(sink)).url == url
