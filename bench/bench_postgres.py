@@ -1,0 +1,150 @@
+"""Benchmark: twophase-postgres (exactly-once, PREPARE TRANSACTION / COMMIT PREPARED) against a plain psycopg COPY
+of the same rows in one ordinary transaction per task, on one PostgreSQL server, in one run. Prints a markdown
+table; every ratio is against the plain COPY measured in the same invocation (rounds interleaved, so load on
+the machine hits both alike). Never asserted in tests.
+
+What runs (no Spark: what Spark costs is the same for both and would hide the difference):
+
+- ``plain COPY``: per task, a connection, ``COPY ... FROM STDIN (FORMAT csv)`` of the task's Arrow batch
+  (Arrow's CSV writer, as the sink does), ``COMMIT``. The baseline, at-least-once (a crash between COMMIT and the
+  checkpoint writes the batch again).
+- ``twophase-postgres``: per task ``run_task`` (connection, COPY, marker row, ``PREPARE TRANSACTION``, the
+  pending record in the local log), then per checkpoint the coordinator's ``complete_batch`` (log records,
+  ``COMMIT PREPARED`` per task, the sweep of pg_prepared_xacts and the marker table).
+- ``psycopg write_row``: per task, COPY with ``Copy.write_row`` per row (what hand-written psycopg code often
+  does), for information.
+
+    python bench/bench_postgres.py [--url postgresql://...] [--rows 100000] [--tasks 4] [--checkpoints 4] [--rounds 3]
+
+Without --url (or TWOPHASE_PG_URL) a private server is started with scripts/pg_server.sh for the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def make_batch(lo: int, n: int):
+    import pyarrow as pa
+    ids = pa.array(range(lo, lo + n), pa.int64())
+    return pa.RecordBatch.from_arrays(
+        [ids, pa.array([f"g{i % 7}" for i in range(lo, lo + n)]),
+         pa.array([f"payload-{i:012d}-" + "x" * 60 for i in range(lo, lo + n)]),
+         pa.array([i * 0.5 for i in range(lo, lo + n)], pa.float64())],
+        names=["id", "grp", "payload", "score"])
+
+
+DDL = "id bigint NOT NULL, grp text, payload text, score double precision"
+
+
+def plain_copy(url: str, table: str, batches: list) -> None:
+    import psycopg
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    for b in batches:  # one transaction per task
+        with psycopg.connect(url) as conn:
+            buf = io.BytesIO()
+            pacsv.write_csv(pa.Table.from_batches([b]), buf, pacsv.WriteOptions(include_header=False))
+            with conn.cursor() as cur, cur.copy(f"COPY {table} (id, grp, payload, score) FROM STDIN (FORMAT csv)") as cp:
+                cp.write(buf.getbuffer())
+            conn.commit()
+
+
+def write_row_copy(url: str, table: str, batches: list) -> None:
+    import psycopg
+    for b in batches:
+        with psycopg.connect(url) as conn:
+            with conn.cursor() as cur, cur.copy(f"COPY {table} (id, grp, payload, score) FROM STDIN") as cp:
+                for row in zip(*(c.to_pylist() for c in b.columns)):
+                    cp.write_row(row)
+            conn.commit()
+
+
+def twophase_checkpoint(sink, coord, cid: int, batches: list) -> None:
+    from twophase.sink import TransactionContext, run_task
+    acks = [run_task(sink, TransactionContext(sink.sink_id, cid, str(t)), [b]) for t, b in enumerate(batches)]
+    coord.complete_batch(cid, acks)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--url", default=os.environ.get("TWOPHASE_PG_URL"))
+    ap.add_argument("--rows", type=int, default=100_000, help="rows per checkpoint (split over --tasks)")
+    ap.add_argument("--tasks", type=int, default=4)
+    ap.add_argument("--checkpoints", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--write-row-rows", type=int, default=20_000, help="rows per checkpoint of the write_row run")
+    args = ap.parse_args()
+
+    from integration.postgres.server import PgServer, pg_server
+    with contextlib.ExitStack() as stack:
+        server = PgServer(args.url) if args.url else stack.enter_context(pg_server())
+        run(server, args)
+
+
+def run(server, args) -> None:
+    from twophase.coordinator import CheckpointCoordinator
+    from twophase.sinks.postgres import PostgresSink
+
+    per_task = args.rows // args.tasks
+    cps = [[make_batch(c * args.rows + t * per_task, per_task) for t in range(args.tasks)]
+           for c in range(args.checkpoints + 1)]  # checkpoint 0 warms up
+    small = [[b.slice(0, args.write_row_rows // args.tasks) for b in cp] for cp in cps]
+    tmp = tempfile.mkdtemp(prefix="bench-pg-")
+    times: dict[str, list[float]] = {"plain": [], "twophase": [], "write_row": []}
+    for r in range(args.rounds):
+        plain_t, tp_t, wr_t = (server.new_table(DDL, f"bench_plain{r}"), server.new_table(DDL, f"bench_tp{r}"),
+                               server.new_table(DDL, f"bench_wr{r}"))
+        sink = PostgresSink(url=server.url, table=tp_t, sink_id=f"bench-{r}", log_location=f"{tmp}/log-{r}")
+        sink.validate_destination()
+        log = sink.transaction_log()
+        log.claim(f"bench-{r}")
+        coord = CheckpointCoordinator(sink, log, sweep_after_commit=True)
+        plain_copy(server.url, plain_t, cps[0])
+        twophase_checkpoint(sink, coord, 0, cps[0])
+        spent = {"plain": 0.0, "twophase": 0.0, "write_row": 0.0}
+        for c in range(1, args.checkpoints + 1):  # interleaved: the machine's load hits both alike
+            t0 = time.perf_counter()
+            plain_copy(server.url, plain_t, cps[c])
+            t1 = time.perf_counter()
+            twophase_checkpoint(sink, coord, c, cps[c])
+            t2 = time.perf_counter()
+            write_row_copy(server.url, wr_t, small[c])
+            t3 = time.perf_counter()
+            spent["plain"] += t1 - t0
+            spent["twophase"] += t2 - t1
+            spent["write_row"] += t3 - t2
+        n = args.rows * args.checkpoints
+        assert server.sql(f"SELECT count(*) FROM {tp_t}") == [(n + args.rows,)], "twophase-postgres lost or doubled rows"
+        times["plain"].append(n / spent["plain"])
+        times["twophase"].append(n / spent["twophase"])
+        times["write_row"].append(args.write_row_rows * args.checkpoints / spent["write_row"])
+        print(f"# round {r}: plain {times['plain'][-1]:,.0f} rows/s, twophase {times['twophase'][-1]:,.0f} rows/s, "
+              f"write_row {times['write_row'][-1]:,.0f} rows/s", file=sys.stderr)
+        sink.close()
+    med = {k: statistics.median(v) for k, v in times.items()}
+    ratios = [tp / pl for tp, pl in zip(times["twophase"], times["plain"])]
+    print()
+    print(f"PostgreSQL {server.sql('SHOW server_version')[0][0]}, {args.checkpoints} checkpoints x {args.tasks} tasks x "
+          f"{per_task:,} rows (4 columns, ~100 bytes a row), {args.rounds} rounds interleaved; median rows/s")
+    print()
+    print("| writer | rows/s | ratio vs plain COPY |")
+    print("|---|---:|---:|")
+    print(f"| plain psycopg COPY, one transaction per task (baseline, at-least-once) | {med['plain']:,.0f} | 1.00 |")
+    print(f"| twophase-postgres, exactly-once (PREPARE / COMMIT PREPARED) | {med['twophase']:,.0f} | "
+          f"{statistics.median(ratios):.2f} (per round: {', '.join(f'{x:.2f}' for x in ratios)}) |")
+    print(f"| psycopg COPY with write_row per row (information) | {med['write_row']:,.0f} | "
+          f"{med['write_row'] / med['plain']:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
