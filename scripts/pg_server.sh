@@ -4,10 +4,10 @@
 #   scripts/pg_server.sh start DIR [PORT]         initdb DIR/data (owned by an unprivileged user: postgres refuses
 #                                                 root), start it on 127.0.0.1:PORT (default: a free port) with
 #                                                 max_prepared_transactions set; prints env lines (eval-able):
-#                                                 TWOPHASE_PG_URL=postgresql://twophase:twophase@127.0.0.1:PORT/postgres ...
+#                                                 TWOPHASE_PG_URL=postgresql://twophase:twophase-pg-pw@127.0.0.1:PORT/postgres ...
 #   scripts/pg_server.sh stop DIR                 stop it by its PID (DIR/data/postmaster.pid), fast shutdown
 # TWOPHASE_PG_MAX_PREPARED (default 64) sets max_prepared_transactions (0: the server's own default, for tests
-# of the sink's refusal). The superuser is "twophase" (password "twophase", scram-sha-256 over TCP); the
+# of the sink's refusal). The superuser is "twophase" (password "twophase-pg-pw", scram-sha-256 over TCP); the
 # user the server runs as is the "postgres" system user the package creates (created if missing) when this
 # runs as root, else the current user.
 set -euo pipefail
@@ -63,7 +63,7 @@ start() {
   rm -rf "$dir/data"; mkdir -p "$dir"
   chmod 755 "$dir"                      # the server's user must reach DIR (pytest's tmp dirs are 0700)
   [ "$(id -u)" = 0 ] && chown "$OWNER" "$dir"
-  local pw="$dir/.pw"; echo twophase > "$pw"; [ "$(id -u)" = 0 ] && chown "$OWNER" "$pw"
+  local pw="$dir/.pw"; echo twophase-pg-pw > "$pw"; [ "$(id -u)" = 0 ] && chown "$OWNER" "$pw"
   as_owner "$bin/initdb" -D "$dir/data" -U twophase --pwfile="$pw" --auth-local=trust --auth-host=scram-sha-256 \
     -E UTF8 --locale=C.UTF-8 >"$dir/initdb.log" 2>&1 || { log "initdb failed:"; tail -20 "$dir/initdb.log" >&2; exit 1; }
   rm -f "$pw"
@@ -80,7 +80,7 @@ CONF
     log "the server did not start on port $port:"; tail -20 "$dir/server.log" >&2; exit 1
   fi
   echo "127.0.0.1 $port" > "$dir/endpoint"
-  echo "TWOPHASE_PG_URL=postgresql://twophase:twophase@127.0.0.1:$port/postgres TWOPHASE_PG_PORT=$port TWOPHASE_PG_DIR=$dir"
+  echo "TWOPHASE_PG_URL=postgresql://twophase:twophase-pg-pw@127.0.0.1:$port/postgres TWOPHASE_PG_PORT=$port TWOPHASE_PG_DIR=$dir"
 }
 
 stop() {

@@ -63,6 +63,8 @@ _log = get_logger(__name__)
 
 #: the marker table's default name (in the target table's schema)
 MARKER_TABLE = "_twophase_commits"
+#: (url, marker table) whose marker table this process has seen (one check per Python worker, not per task)
+_MARKERS_READY: set = set()
 _GID = re.compile(r"^tp_([0-9a-f]{12})_([0-9a-f]{8})_(\d{20})_(.+)_([A-Za-z0-9]+)$")
 _GID_UNSAFE = re.compile(r"[^A-Za-z0-9.\-]")
 
@@ -449,7 +451,23 @@ class PostgresSink(TwoPhaseCommitSink[dict]):
 
     # ---- executor hooks
 
+    def _marker_ready(self) -> None:
+        """The marker table exists (once per process): validate_destination creates it on the driver, but an
+        engine that does not call it (the embedded runtime) reaches here first."""
+        key = (self.url, self.marker)
+        if key in _MARKERS_READY:
+            return
+        conn = self.connect(autocommit=True)
+        try:
+            self._ensure_marker(conn)
+        except _psycopg().Error as e:
+            raise self._error(e, "creating the marker table") from None
+        finally:
+            conn.close()
+        _MARKERS_READY.add(key)
+
     def begin_transaction(self, context: TransactionContext) -> dict:
+        self._marker_ready()
         gid = self.gid(context)
         conn = self.connect(autocommit=False)
         try:

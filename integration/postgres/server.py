@@ -19,7 +19,7 @@ SCRIPT = os.path.join(ROOT, "scripts", "pg_server.sh")
 
 @dataclass
 class PgServer:
-    """One server: ``url`` is a superuser's (twophase/twophase); :meth:`new_table` makes a fresh table."""
+    """One server: ``url`` is a superuser's (twophase / twophase-pg-pw); :meth:`new_table` makes a fresh table."""
 
     url: str
     directory: Optional[str] = None

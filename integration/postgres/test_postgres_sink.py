@@ -305,3 +305,18 @@ def test_pg_bad_input_max_prepared_transactions_zero_is_named_at_start(tmp_path)
                                                      r"max_prepared_transactions.*restart"):
             sink.validate_destination()
         sink.close()
+
+
+def test_pg_runs_in_the_embedded_runtime(pg, tmp_path):
+    """``stream.sink_to(PostgresSink(...))`` in twophase's embedded runtime: every record once, nothing prepared left
+    (two parallel subtasks share the sink object: one connection per transaction)."""
+    from twophase.runtime import CheckpointConfig, CollectionSource, JobGraph, JobRunner
+    table = pg.new_table()
+    sink = PostgresSink(url=pg.url, table=table, sink_id="pg-runtime", log_location=str(tmp_path / "log"))
+    g = JobGraph("pg-runtime")
+    g.source(CollectionSource([[{"id": i, "v": f"v{i}"} for i in range(k, k + 25)] for k in (0, 25, 50)]), uid="src",
+             parallelism=1).sink_to(sink, uid="sink", parallelism=2)
+    JobRunner(g, checkpointing=CheckpointConfig(0.02), owner=str(tmp_path / "ck")).run()
+    assert pg.ids(table) == list(range(75))
+    assert pg.prepared(sink.gid_prefix) == []
+    sink.close()
