@@ -8,6 +8,7 @@ import decimal
 import logging
 import math
 import pickle
+import time
 from typing import Any
 
 import pyarrow as pa
@@ -81,6 +82,20 @@ def ctx(sink: PostgresSink, cid: int, task: int = 0, attempt: int = 0) -> Transa
     return TransactionContext(sink.sink_id, cid, str(task), attempt)
 
 
+def no_open_transaction(pg: PgServer, timeout: float = 20) -> bool:
+    """No backend of a twophase connection is left in an open transaction (waited for: a closed client's backend
+    ends asynchronously)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        n = pg.sql("SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'twophase-%%' "
+                   "AND state LIKE 'idle in transaction%%'")[0][0]
+        if n == 0:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+
+
 def prepare_unrecorded(sink: PostgresSink, cid: int, lo: int, n: int, task: int = 0) -> str:
     """A task that died right after PREPARE TRANSACTION, before the base recorded its handle: only the server
     knows of it (the sweep must find it in pg_prepared_xacts)."""
@@ -110,6 +125,28 @@ def test_pg_inv2_a_repeated_commit_is_already_committed_and_a_lost_one_is_data_l
     with pytest.raises(DataLossError, match="rolled back.*--accept-loss"):
         testing.commit(fresh, lost.handle, recovering=True)
     assert pg.ids(table) == list(range(10))
+    fresh.close()
+    sink.close()
+
+
+def test_pg_inv3_inv4_abort_never_touches_committed_rows_and_the_handle_is_only_the_gid(pg, tmp_path):
+    """Invariants 3, 4: aborting a committed handle (twice, at recovery too) keeps its rows; a writer aborted
+    before PREPARE leaves no prepared transaction and no open one; the handle is the gid alone, committed by a
+    fresh sink object (another process)."""
+    table = pg.new_table()
+    sink = make(pg, tmp_path, table)
+    ack = run_task(sink, ctx(sink, 0), [rows(0, 5)])
+    assert ack.handle["txn"] == {"gid": sink.gid(ctx(sink, 0)).rsplit("_", 1)[0] + "_" + ack.handle["attempt_uid"]}
+    fresh = pickle.loads(pickle.dumps(sink))
+    assert testing.commit(fresh, ack.handle) is CommitStatus.COMMITTED
+    for recovering in (False, True, False):
+        testing.abort(sink, ack.handle, recovering=recovering)
+    assert pg.ids(table) == list(range(5))
+    writer = sink.create_writer(ctx(sink, 1))
+    writer.write(rows(5, 5))
+    writer.abort()
+    assert pg.prepared(sink.gid_prefix) == [] and pg.ids(table) == list(range(5))
+    assert no_open_transaction(pg)
     fresh.close()
     sink.close()
 
@@ -180,7 +217,7 @@ def test_pg_inv5_an_old_prepared_transaction_is_warned_about(pg, tmp_path, caplo
     other.close()
 
 
-def test_pg_types_round_trip_and_upsert_keys_merge(pg, tmp_path):
+def test_pg_inv6_types_round_trip_and_upsert_keys_merge(pg, tmp_path):
     """Every accepted Arrow type reads back equal (NULLs, NaN, infinities, instants, decimal digits, bytes,
     quotes and newlines in text); with upsertKeys a later checkpoint updates rows by key inside its prepared
     transaction (nothing visible before COMMIT PREPARED) and leaves no staging table."""
@@ -230,7 +267,7 @@ def test_pg_types_round_trip_and_upsert_keys_merge(pg, tmp_path):
 # --------------------------------------------------------------------------- bad input
 
 
-def test_pg_bad_input_a_row_breaking_a_constraint_fails_the_task_and_nothing_of_the_batch_is_visible(pg, tmp_path):
+def test_pg_inv1_bad_input_a_row_breaking_a_constraint_fails_the_task_and_nothing_of_the_batch_is_visible(pg, tmp_path):
     """Invariant 1: a CHECK violation in the second batch of a task fails the task with ConstraintViolationError
     (chained through the hook error); nothing of that task is visible or prepared, and the checkpoint (whose
     other task had pre-committed) is declined: none of the batch's rows are visible, no prepared transaction
@@ -248,12 +285,11 @@ def test_pg_bad_input_a_row_breaking_a_constraint_fails_the_task_and_nothing_of_
     coord.recover()  # the driver's next start: checkpoint 0 was never completed; its pre-committed task is aborted
     testing.abort_lingering(sink, 0)
     assert pg.ids(table) == [] and pg.prepared(sink.gid_prefix) == []
-    assert pg.sql("SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'twophase-%%' "
-                  "AND state LIKE 'idle in transaction%%'") == [(0,)]
+    assert no_open_transaction(pg)
     sink.close()
 
 
-def test_pg_bad_input_a_wrong_password_is_a_clear_error_without_the_password(pg, tmp_path):
+def test_pg_inv6_bad_input_a_wrong_password_is_a_clear_error_without_the_password(pg, tmp_path):
     """Invariant 6: a wrong password fails validate_destination with a ConfigurationError naming the option
     and the fix; neither the message, nor the sink's repr, nor the log output contains the password."""
     table = pg.new_table()
@@ -268,7 +304,7 @@ def test_pg_bad_input_a_wrong_password_is_a_clear_error_without_the_password(pg,
         assert secret not in msg and secret not in repr(sink) and secret not in str(sink)
 
 
-def test_pg_bad_input_missing_grants_table_and_columns_are_named_on_the_driver(pg, tmp_path):
+def test_pg_inv6_bad_input_missing_grants_table_and_columns_are_named_on_the_driver(pg, tmp_path):
     """Invariant 6: a role without INSERT, a missing table, an unknown column, a type that cannot round-trip,
     upsertKeys without a unique index: each refused before any data moves, naming the fix."""
     from pyspark.sql import types as T
@@ -295,7 +331,7 @@ def test_pg_bad_input_missing_grants_table_and_columns_are_named_on_the_driver(p
     sink.close()
 
 
-def test_pg_bad_input_max_prepared_transactions_zero_is_named_at_start(tmp_path):
+def test_pg_inv6_bad_input_max_prepared_transactions_zero_is_named_at_start(tmp_path):
     """Invariant 6: PostgreSQL's default max_prepared_transactions = 0 is refused by validate_destination,
     naming the setting and the fix (a server of its own, started with the default)."""
     with pg_server(max_prepared=0) as server:
