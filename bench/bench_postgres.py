@@ -15,6 +15,12 @@ What runs (no Spark: what Spark costs is the same for both and would hide the di
   does), for information.
 
     python bench/bench_postgres.py [--url postgresql://...] [--rows 100000] [--tasks 4] [--checkpoints 4] [--rounds 3]
+                                   [--spark] [--spark-rows 200000] [--spark-batches 4]
+
+``--spark`` adds one Spark run per writer (rounds alternated): rate-micro-batch (``--spark-rows`` rows a batch, 4
+partitions) into the same table shape through ``foreachBatch``, twophase-postgres (``twophase.spark.foreach_batch``)
+against Spark's own JDBC writer (``df.write.jdbc``, at-least-once; PostgreSQL's JDBC driver 42.7.14, fetched by
+``scripts/pg_server.sh fetch-jdbc`` through mvn). Batch 0 warms up and is not counted.
 
 Without --url (or TWOPHASE_PG_URL) a private server is started with scripts/pg_server.sh for the run.
 """
@@ -83,12 +89,18 @@ def main() -> None:
     ap.add_argument("--checkpoints", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--write-row-rows", type=int, default=20_000, help="rows per checkpoint of the write_row run")
+    ap.add_argument("--spark", action="store_true", help="also Spark: twophase-postgres vs Spark's JDBC writer")
+    ap.add_argument("--spark-rows", type=int, default=200_000)
+    ap.add_argument("--spark-batches", type=int, default=4)
+    ap.add_argument("--spark-rounds", type=int, default=2)
     args = ap.parse_args()
 
     from integration.postgres.server import PgServer, pg_server
     with contextlib.ExitStack() as stack:
         server = PgServer(args.url) if args.url else stack.enter_context(pg_server())
         run(server, args)
+        if args.spark:
+            run_spark(server, args)
 
 
 def run(server, args) -> None:
@@ -144,6 +156,69 @@ def run(server, args) -> None:
           f"{statistics.median(ratios):.2f} (per round: {', '.join(f'{x:.2f}' for x in ratios)}) |")
     print(f"| psycopg COPY with write_row per row (information) | {med['write_row']:,.0f} | "
           f"{med['write_row'] / med['plain']:.2f} |")
+
+
+def _jdbc_jar() -> str:
+    import subprocess
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run(["bash", os.path.join(root, "scripts", "pg_server.sh"), "fetch-jdbc"], capture_output=True,
+                         text=True, check=True)
+    return out.stdout.strip().splitlines()[-1]
+
+
+def spark_query(spark, server, mode: str, table: str, ck: str, rows: int, batches: int):
+    from psycopg.conninfo import conninfo_to_dict
+
+    import twophase.spark
+    from twophase.sinks.postgres import PostgresSink
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _sparkbench import time_batches
+
+    df = (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", rows).option("numPartitions", 4).load()
+          .selectExpr("value AS id", "concat('g', CAST(value % 7 AS STRING)) AS grp",
+                      "concat('payload-', lpad(CAST(value AS STRING), 12, '0'), '-', repeat('x', 60)) AS payload",
+                      "CAST(value AS DOUBLE) * 0.5 AS score"))
+    if mode == "twophase":
+        fn = twophase.spark.foreach_batch(PostgresSink(url=server.url, table=table, sink_id=f"bench-{table}"),
+                                          owner=ck)
+    else:
+        c = conninfo_to_dict(server.url)
+        jdbc = f"jdbc:postgresql://{c['host']}:{c['port']}/{c['dbname']}"
+        props = {"user": c["user"], "password": c["password"], "driver": "org.postgresql.Driver"}
+
+        def fn(batch_df, batch_id):  # Spark's JDBC writer: a transaction per partition, at-least-once
+            batch_df.write.jdbc(jdbc, table, mode="append", properties=props)
+    q = df.writeStream.foreachBatch(fn).option("checkpointLocation", ck).trigger(processingTime="0 seconds").start()
+    return time_batches(q, batches, 900)
+
+
+def run_spark(server, args) -> None:
+    from pyspark.sql import SparkSession
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # the workers import twophase from this venv
+    jar = _jdbc_jar()
+    spark = (SparkSession.builder.master("local[4]").appName("bench-postgres").config("spark.jars", jar)
+             .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "4").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    tmp = tempfile.mkdtemp(prefix="bench-pg-spark-")
+    rates: dict[str, list[float]] = {"jdbc": [], "twophase": []}
+    for r in range(args.spark_rounds):
+        for mode in (("jdbc", "twophase") if r % 2 == 0 else ("twophase", "jdbc")):
+            table = server.new_table(DDL, f"bench_spark_{mode}{r}")
+            res = spark_query(spark, server, mode, table, f"{tmp}/ck-{mode}-{r}", args.spark_rows, args.spark_batches)
+            rates[mode].append(res["rows"] / res["seconds"])
+            print(f"# spark round {r} {mode}: {res['rows']} rows in {res['seconds']:.2f}s "
+                  f"(median batch {res['batch_ms']:.0f} ms)", file=sys.stderr)
+    spark.stop()
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    print()
+    print(f"Spark local[4], rate-micro-batch, {args.spark_batches} batches x {args.spark_rows:,} rows (4 partitions) "
+          f"per run, {args.spark_rounds} runs per writer alternated; median rows/s over runs")
+    print()
+    print("| writer (inside foreachBatch) | rows/s | ratio vs Spark JDBC |")
+    print("|---|---:|---:|")
+    print(f"| Spark's JDBC writer, df.write.jdbc (baseline, at-least-once) | {med['jdbc']:,.0f} | 1.00 |")
+    print(f"| twophase-postgres, twophase.spark.foreach_batch (exactly-once) | {med['twophase']:,.0f} | "
+          f"{med['twophase'] / med['jdbc']:.2f} |")
 
 
 if __name__ == "__main__":

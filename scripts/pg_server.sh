@@ -6,6 +6,9 @@
 #                                                 max_prepared_transactions set; prints env lines (eval-able):
 #                                                 TWOPHASE_PG_URL=postgresql://twophase:twophase-pg-pw@127.0.0.1:PORT/postgres ...
 #   scripts/pg_server.sh stop DIR                 stop it by its PID (DIR/data/postmaster.pid), fast shutdown
+#   scripts/pg_server.sh fetch-jdbc               PostgreSQL's JDBC driver (mvn, scripts/jvm/postgres/pom.xml) into
+#                                                 .venv/jvm/postgresql-jdbc-<version>/ (the benchmark's Spark JDBC
+#                                                 baseline only); prints the jar's path
 # TWOPHASE_PG_MAX_PREPARED (default 64) sets max_prepared_transactions (0: the server's own default, for tests
 # of the sink's refusal). The superuser is "twophase" (password "twophase-pg-pw", scram-sha-256 over TCP); the
 # user the server runs as is the "postgres" system user the package creates (created if missing) when this
@@ -93,9 +96,22 @@ stop() {
   kill -KILL "$pid" 2>/dev/null || true
 }
 
+fetch_jdbc() {
+  local version="${PGJDBC_VERSION:-42.7.14}" dir="$ROOT/.venv/jvm/postgresql-jdbc-${PGJDBC_VERSION:-42.7.14}"
+  if [ ! -f "$dir/.complete" ]; then
+    command -v mvn >/dev/null || { log "Maven (mvn) is needed: apt-get install maven"; exit 1; }
+    mkdir -p "$dir"
+    mvn -q -B -f "$ROOT/scripts/jvm/postgres/pom.xml" dependency:copy-dependencies -Dpgjdbc.version="$version" \
+        -DincludeScope=runtime -DoutputDirectory="$dir" >&2
+    touch "$dir/.complete"
+  fi
+  ls "$dir"/postgresql-*.jar
+}
+
 case "${1:-}" in
   fetch) fetch ;;
+  fetch-jdbc) fetch_jdbc ;;
   start) [ -n "${2:-}" ] || { echo "usage: $0 start DIR [PORT]" >&2; exit 2; }; start "$2" "${3:-}" ;;
   stop) [ -n "${2:-}" ] || { echo "usage: $0 stop DIR" >&2; exit 2; }; stop "$2" ;;
-  *) echo "usage: $0 fetch | start DIR [PORT] | stop DIR" >&2; exit 2 ;;
+  *) echo "usage: $0 fetch | fetch-jdbc | start DIR [PORT] | stop DIR" >&2; exit 2 ;;
 esac
