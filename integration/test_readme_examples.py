@@ -5,19 +5,14 @@ once. A README example that stops working (a renamed option, a column the stream
 
 from __future__ import annotations
 
-import json
 import os
-import pathlib
-import re
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
-pytestmark = pytest.mark.spark
+from integration.doc_blocks import python_blocks, run_as_written
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.spark
 
 CHECK = textwrap.dedent('''
     import json, time
@@ -48,10 +43,7 @@ CHECK = textwrap.dedent('''
 
 def readme_examples() -> list[str]:
     """The ```python quick-start blocks of README.md's "Using it" section (before "Write your own sink"), in order."""
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("## Using it"):]
-    section = section[:section.index("\n### Write your own sink")]
-    return re.findall(r"```python\n(.*?)```", section, re.S)
+    return python_blocks("README.md", "## Using it", "\n### Write your own sink")
 
 
 def test_readme_has_the_three_quick_start_examples():
@@ -65,11 +57,7 @@ def test_readme_examples_run_as_written(tmp_path):
     os.makedirs(data)
     script = "\n".join(b.replace("/data/", data) for b in readme_examples())
     script += f"\nDATA = {data!r}\n" + CHECK
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
-    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, env=env,
-                         cwd=str(tmp_path))
-    assert res.returncode == 0, res.stderr[-4000:]
-    got = json.loads(res.stdout.strip().splitlines()[-1])
+    got = run_as_written(script, tmp_path)
     assert got["out"][0] >= 3000 and got["out"][0] == got["out"][1], got     # every row once, partitioned by bucket
     assert got["bad_bucket"] == 0, got
     assert got["out2"][0] >= 3000 and got["out2"][0] == got["out2"][1], got
@@ -94,16 +82,9 @@ OWN_SINK_CHECK = textwrap.dedent('''
 
 def test_readme_write_your_own_sink_example_runs_as_written(tmp_path):
     """The "Write your own sink" block: every row of the committed batches once, in whole files."""
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("### Write your own sink"):]
-    section = section[:section.index("\n### ", 5)]
-    [block] = re.findall(r"```python\n(.*?)```", section, re.S)
+    [block] = python_blocks("README.md", "### Write your own sink", "\n### ")
     data = str(tmp_path / "data") + "/"
     os.makedirs(data)
     script = block.replace("/data/", data) + f"\nDATA = {data!r}\n" + OWN_SINK_CHECK
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
-    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, env=env,
-                         cwd=str(tmp_path))
-    assert res.returncode == 0, res.stderr[-4000:]
-    got = json.loads(res.stdout.strip().splitlines()[-1])
+    got = run_as_written(script, tmp_path)
     assert got["rows"] >= 300 and got["rows"] == got["distinct"], got

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import re
 import subprocess
 import sys
 import textwrap
@@ -19,6 +18,7 @@ import uuid
 
 import pytest
 
+from integration.doc_blocks import python_blocks, run_as_written
 from integration.kafka.apache_kafka import apache_kafka_broker
 
 pytestmark = pytest.mark.kafka
@@ -98,7 +98,7 @@ def test_kafka_quick_start_runs_as_written_on_a_default_apache_kafka(default_bro
     """docs/kafka.md's first example, with only the broker address and /data replaced: it used to stop at
     start (the 1-hour default above the broker's 15-minute maximum)."""
     from kafka import KafkaProducer
-    block = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "kafka.md").read_text(), re.S)[0]
+    block = python_blocks("docs/kafka.md")[0]
     producer = KafkaProducer(bootstrap_servers=default_broker)
     for i in range(500):
         producer.send("in", f"r{i}".encode())
@@ -108,11 +108,7 @@ def test_kafka_quick_start_runs_as_written_on_a_default_apache_kafka(default_bro
     script = ("from pyspark.sql import SparkSession\nspark = SparkSession.builder.getOrCreate()\n"
               + block.replace("localhost:9092", default_broker).replace("/data/", data)
               + f"\nBOOTSTRAP = {default_broker!r}\n" + CHECK)
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
-    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, env=env,
-                         cwd=str(tmp_path))
-    assert res.returncode == 0, res.stderr[-4000:]
-    got = json.loads(res.stdout.strip().splitlines()[-1])
+    got = run_as_written(script, tmp_path)
     assert got == {"records": 500, "distinct": 500}, got
 
 
