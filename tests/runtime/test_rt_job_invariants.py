@@ -233,3 +233,22 @@ def test_graph_inv2_running_job_routes_each_key_to_its_subtask(tmp_path):
     assert len(seen) == 800
     wrong = [(k, s) for k, s in seen if s != stable_hash(k) % 3]
     assert not wrong, wrong[:5]
+
+
+def test_job_checks_every_sinks_destination_before_any_task_starts(tmp_path, monkeypatch):
+    """``SinkSpec.validate_destination`` runs at job start in the runtime as it runs before each micro-batch in
+    Spark: a bad destination is a ConfigurationError before any task runs (nothing written), never an attempt
+    the restart strategy retries. Fails if the runner skips the check (the tasks run and write)."""
+    from twophase.errors import ConfigurationError
+    from twophase.sinks.files import FileSink
+    g, sink, _ = two_source_job(str(tmp_path / "out"), n_a=200, n_b=50)
+    calls = []
+
+    def refuse(self):
+        calls.append(self.sink_id)
+        raise ConfigurationError("the destination refuses writes (test)")
+    monkeypatch.setattr(FileSink, "validate_destination", refuse)
+    with pytest.raises(ConfigurationError, match="refuses writes"):
+        runner(g, "aligned", restart=FixedDelayRestart(attempts=3, delay_s=0)).run()
+    assert calls == [sink.sink_id]
+    assert completed_records(sink) == []

@@ -155,7 +155,11 @@ class JobRunner:
     # ------------------------------------------------------------------ public API
 
     def run(self) -> JobResult:
-        """Run to the end (bounded sources), a stop-with-savepoint or a cancel; restarts per strategy."""
+        """Run to the end (bounded sources), a stop-with-savepoint or a cancel; restarts per strategy.
+        Every sink's destination is checked first (``SinkSpec.validate_destination``): a bad destination is a
+        ConfigurationError before any task starts, not a failed attempt the restart strategy retries."""
+        for sink in self.sinks.values():
+            sink.validate_destination()
         while True:
             self.attempt += 1
             try:
