@@ -49,5 +49,6 @@ fi
 bash scripts/kafka_server.sh fetch
 KAFKA_VERSION=3.9.1 bash scripts/kafka_server.sh fetch   # the 3.x line (integration.kafka.apache_kafka.KAFKA_3)
 bash scripts/pg_server.sh fetch   # PostgreSQL (apt-get install postgresql if initdb is missing), twophase-postgres tests
+bash scripts/setup_delta.sh     # .venv-delta: PySpark 4.2 + delta-spark 4.4 and Delta's jars, for integration/delta_spark (Delta as oracle)
 export PYSPARK_PYTHON="$ROOT/.venv/bin/python"
 echo "setup: ready ($(.venv/bin/python --version), $(java -version 2>&1 | head -1))"

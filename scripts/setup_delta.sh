@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The second environment .venv-delta, beside .venv, for the Delta-on-Spark tests (integration/delta_spark):
+# Delta Lake's own engine (delta-spark) reads every table twophase-delta writes. No Delta release supports
+# PySpark 4.3 (the main .venv), so this one pins the newest pair that resolves together:
+#   PySpark $PYSPARK_SPEC with delta-spark $DELTA_SPARK_VERSION (PyPI), twophase[delta,test] editable,
+#   Delta's jars (io.delta:delta-spark_<spark minor>_2.13 and io.delta:delta-storage, the same version) through mvn from
+#   scripts/jvm/delta/pom.xml into .venv-delta/jvm/delta-<version>/, handed to Spark with spark.jars (no Ivy).
+# Idempotent and quick when done (a stamp per step). Needs Java 17 and mvn (scripts/setup.sh installs them).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+DELTA_SPARK_VERSION=${DELTA_SPARK_VERSION:-4.4.0}
+PYSPARK_SPEC=${PYSPARK_SPEC:-"pyspark>=4.2,<4.3"}
+VENV=.venv-delta
+JARS="$ROOT/$VENV/jvm/delta-$DELTA_SPARK_VERSION"
+
+PY=${PYTHON:-}
+if [ -z "$PY" ]; then
+  for cand in python3.11 python3.12 python3.10 python3; do
+    if command -v "$cand" >/dev/null 2>&1; then PY=$cand; break; fi
+  done
+fi
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "setup_delta: creating $VENV with $PY"
+  "$PY" -m venv "$VENV"
+fi
+STAMP="$VENV/.twophase-installed-$DELTA_SPARK_VERSION"
+if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
+  echo "setup_delta: installing delta-spark $DELTA_SPARK_VERSION, $PYSPARK_SPEC and twophase[delta,test] into $VENV"
+  if ! { "$VENV/bin/python" -m pip install -q --upgrade pip \
+         && "$VENV/bin/python" -m pip install "delta-spark==$DELTA_SPARK_VERSION" "$PYSPARK_SPEC" -e ".[delta,test]"; } \
+        > "$VENV/setup.log" 2>&1; then
+    tail -40 "$VENV/setup.log"; echo "setup_delta: pip install failed (full log: $VENV/setup.log)"; exit 1
+  fi
+  "$VENV/bin/python" -c "import twophase, pyspark, delta, deltalake, pytest"
+  touch "$STAMP"
+fi
+SITE=$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+echo "$ROOT/spark_discovery" > "$SITE/twophase-spark-discovery.pth"
+if [ ! -f "$JARS/.complete" ]; then
+  command -v mvn >/dev/null || { echo "setup_delta: Maven (mvn) is needed: apt-get install maven" >&2; exit 1; }
+  mkdir -p "$JARS"
+  SPARK_BINARY=$("$VENV/bin/python" -c 'import pyspark; print(".".join(pyspark.__version__.split(".")[:2]))')
+  # only Delta's own jars: Spark's (and Scala's) come with PySpark
+  mvn -q -B -f "$ROOT/scripts/jvm/delta/pom.xml" dependency:copy-dependencies -Ddelta.version="$DELTA_SPARK_VERSION" -Dspark.binary="$SPARK_BINARY" \
+      -DincludeScope=runtime -DincludeGroupIds=io.delta -DoutputDirectory="$JARS" >&2
+  touch "$JARS/.complete"
+fi
+echo "setup_delta: ready ($("$VENV/bin/python" -c 'import pyspark, importlib.metadata as m; print("pyspark", pyspark.__version__, "delta-spark", m.version("delta-spark"))'))"
