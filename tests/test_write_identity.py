@@ -172,3 +172,22 @@ def test_write_identity_kafka_a_batch_writes_sweep_fences_only_runs_up_to_its_ow
     assert sorted(broker.fenced) == sorted(ids[0])
     broker.fenced.clear()
     assert committer.abort_lingering(1, None) == 4 and sorted(broker.fenced) == sorted(ids[0] + ids[1])
+
+
+def test_write_identity_one_log_reached_through_a_symlink_is_one_write(tmp_path):
+    """Review R5: the same log directory reached by two spellings that ``abspath`` cannot tell apart (a symlink,
+    a bind mount seen through a link) is one log, so one identity: a re-run through the other spelling is a
+    skip, and every row is written once (before: two identities, two tokens, two logs' worth of names over one
+    log directory: the re-run wrote every row again)."""
+    (tmp_path / "real").mkdir()
+    os.symlink(tmp_path / "real", tmp_path / "link")
+    assert sink_api.write_identity(str(tmp_path / "link" / "logs"), WRITE_ID) == \
+        sink_api.write_identity(str(tmp_path / "real" / "logs"), WRITE_ID)
+
+    def sink(via: str) -> FileSink:
+        return FileSink.from_options({"path": str(tmp_path / "out"), "log.location": str(tmp_path / via / "logs")})
+    job = plan_write_job(sink("real"), write_id=WRITE_ID)
+    commit_write_job(job, run_tasks(job, [(0, 50), (50, 100)]))
+    rerun = plan_write_job(sink("link"), write_id=WRITE_ID)
+    assert rerun.skip
+    assert file_ids(str(tmp_path / "out")) == list(range(100))

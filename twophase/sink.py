@@ -101,8 +101,15 @@ def write_identity(base_log_location: str, key: str) -> str:
     writes, and must never share a token (one's sweep would delete the other's staged files; on Delta the
     second would be taken for "already committed") or Kafka transactional ids (one would fence the other). A
     re-run of the same write (same log location, same key) has the same identity. Short and within
-    ``[A-Za-z0-9._@-]`` (a key is at most 64 such characters), so every sink's limits hold."""
-    digest = hashlib.sha256(normalized_log_location(base_log_location).encode()).hexdigest()[:12]
+    ``[A-Za-z0-9._@-]`` (a key is at most 64 such characters), so every sink's limits hold.
+
+    A local location is taken with its symlinks resolved (on the driver, where the identity is made): one log
+    directory reached by two spellings is one log, so one identity. Two hosts that mount one share at different
+    paths still give two identities: give such pipelines one ``log.location`` spelling."""
+    location = normalized_log_location(base_log_location)
+    if "://" not in location:
+        location = os.path.realpath(location)
+    digest = hashlib.sha256(location.encode()).hexdigest()[:12]
     return f"{key}@{digest}"
 
 
