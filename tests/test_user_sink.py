@@ -441,3 +441,125 @@ def test_user_sink_inv1_a_commit_hook_may_report_already_committed(tmp_path):
     assert testing.commit(sink, ack.handle, recovering=True) is CommitStatus.ALREADY_COMMITTED
     assert visible(sink.root) == list(range(5))
     assert sink.transaction_log().store.list(PENDING_PREFIX) == []
+
+
+# --------------------------------------------------------------------------- review findings (session 12)
+
+
+def test_user_sink_inv5_one_failing_abort_does_not_block_the_sweep(tmp_path, caplog):
+    """F-U1: a pending record whose abort raises is logged (sink id and record), kept, and the sweep goes on with
+    the others; the next sweep retries it."""
+    import logging
+    sink = make(tmp_path)
+    a, b = prepare(sink, 0, 0, 0, 3), prepare(sink, 0, 1, 3, 3)  # neither ack reaches the driver
+    bad = f"part-{sink_token('my-sink')}-0-0-{a.attempt_uid}.jsonl"
+    real = sink.abort
+
+    def abort(txn: Any) -> None:
+        if txn["final"] == bad:
+            raise ConnectionError("destination unreachable")
+        real(txn)
+    sink.abort = abort
+    with caplog.at_level(logging.WARNING):
+        assert testing.abort_lingering(sink, 0) == 1
+    store = sink.transaction_log().store
+    assert [n.rsplit("/", 1)[-1] for n in store.list(PENDING_PREFIX)] == [sink._pending_name(
+        sink.create_committer().decode(a.handle)).rsplit("/", 1)[-1]]
+    text = " ".join(r.getMessage() for r in caplog.records)
+    assert "lingering_abort_failed" in text and "my-sink" in text and a.attempt_uid in text
+    assert "ConnectionError" in text
+    staged = os.listdir(os.path.join(sink.root, "_staging"))
+    assert staged == [f"{sink_token('my-sink')}-0-0-{a.attempt_uid}.jsonl"]  # b's staged file aborted
+    sink.abort = real
+    assert testing.abort_lingering(sink, 0) == 1
+    assert store.list(PENDING_PREFIX) == [] and os.listdir(os.path.join(sink.root, "_staging")) == []
+    del b
+
+
+class DiesInWrite(JsonLinesSink):
+    """Stages each batch at once (like an upload); a task that dies in write leaves a staged file."""
+
+    def write(self, txn: Any, batch: pa.RecordBatch) -> None:
+        os.makedirs(os.path.join(self.root, "_staging"), exist_ok=True)
+        with open(self._staged(txn), "a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in batch.to_pylist())
+
+    def pre_commit(self, txn: Any) -> None:
+        pass
+
+
+def test_user_sink_inv5_a_task_that_dies_in_write_leaves_a_record_the_sweep_aborts(tmp_path):
+    """F-U3: the pending record is written right after begin_transaction, so a task that dies during write (no
+    abort runs: the process is gone) leaves a handle the sweep aborts through recover_and_abort."""
+    sink = make(tmp_path, DiesInWrite)
+    w = sink.create_writer(TransactionContext(sink.sink_id, 0, "0"))
+    w.write(batch(0, 3))  # ... and the process dies here (no prepare_commit, no abort)
+    assert len(os.listdir(os.path.join(sink.root, "_staging"))) == 1
+    fresh = pickle.loads(pickle.dumps(sink))
+    coordinator(fresh).complete_batch(0, [prepare(fresh, 0, 1, 10, 2)])
+    assert ("recover_and_abort", w.txn["final"]) in fresh.calls
+    assert os.listdir(os.path.join(sink.root, "_staging")) == []
+    assert fresh.transaction_log().store.list(PENDING_PREFIX) == []
+    assert visible(sink.root) == [10, 11]
+
+
+def test_user_sink_inv5_a_writer_abort_removes_its_early_record(tmp_path):
+    """F-U3: a task that fails in write is aborted by its writer, which also removes the early record."""
+    sink = make(tmp_path)
+    sink.write = lambda txn, b: (_ for _ in ()).throw(ValueError("bad row"))
+    with pytest.raises(SinkHookError):
+        prepare(sink, 0)
+    assert sink.transaction_log().store.list(PENDING_PREFIX) == []
+
+
+class LazyClientSink(JsonLinesSink):
+    """Makes a client (here an unpicklable lock) on first use in a hook, as a database sink makes its connection."""
+
+    def __init__(self, root: str, **kw: Any) -> None:
+        super().__init__(root, **kw)
+        self._conn: Any = None
+
+    def __getstate__(self) -> dict:
+        return TwoPhaseCommitSink.__getstate__(self)  # the base's rule, not JsonLinesSink's
+
+    def commit(self, txn: Any) -> None:
+        import threading
+        if self._conn is None:
+            self._conn = threading.Lock()
+        super().commit(txn)
+
+
+def test_user_sink_inv7_a_client_made_lazily_travels_as_none(tmp_path):
+    """F-U4: a client a hook made after the sink was bound (the driver's first commit) broke the pickling of the
+    sink for the next batch; it travels as None and is made again where the copy runs."""
+    sink = make(tmp_path, LazyClientSink)
+    coordinator(sink).complete_batch(0, [prepare(sink, 0)])
+    assert sink._conn is not None
+    copy_ = pickle.loads(pickle.dumps(sink))
+    assert copy_._conn is None and copy_.root == sink.root and copy_.sink_id == "my-sink"
+    coordinator(copy_).complete_batch(1, [prepare(copy_, 1, 0, 5, 5)])
+    assert visible(sink.root) == list(range(10))
+
+
+def test_user_sink_inv7_an_unpicklable_constructor_attribute_is_refused_at_bind_naming_it(tmp_path):
+    """F-U4: what the constructor sets must pickle: refused when the sink is first used, naming the attribute."""
+    import threading
+    sink = make(tmp_path, LazyClientSink)
+    sink._conn = threading.Lock()  # as if __init__ connected eagerly
+    with pytest.raises(ConfigurationError, match=r"attribute '_conn' \(lock\) cannot be pickled.*lazily"):
+        sink.bind_owner(str(tmp_path / "ck"))
+
+
+def test_user_sink_inv2_a_dataclass_of_main_gets_the_right_advice(tmp_path):
+    """F-U7: a module-level dataclass of the script (``__main__``) that another process cannot import was refused
+    with 'defined inside a function?'; the message now says what is wrong and what to do."""
+
+    @dataclass
+    class MainTxn:
+        staged: str
+    MainTxn.__module__ = "__main__"
+    MainTxn.__qualname__ = "MainTxn"  # as in a script's module level, seen from a process whose __main__ differs
+    with pytest.raises(ConfigurationError, match=r"__main__:MainTxn is defined in the script run as __main__.*"
+                                                 r"module of its own") as e:
+        twophase.user_sink.encode_txn(make(tmp_path), MainTxn("x"))
+    assert "inside a function" not in str(e.value)

@@ -60,12 +60,14 @@ Invariants (named in tests as ``test_user_sink_invN_*``):
 from __future__ import annotations
 
 import abc
+import copy
 import dataclasses
 import enum
 import importlib
 import json
 import math
 import os
+import pickle
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Generic, Optional, TypeVar, Union
@@ -75,7 +77,7 @@ from twophase._redact import redact_text
 from twophase.errors import ConfigurationError, DataLossError, SinkHookError, TwoPhaseError
 from twophase.log import TransactionLog
 from twophase.sink import (Committable, CommitResult, CommitStatus, Guarantee, SinkCommitter, SinkSpec, SinkWriter,
-                           TransactionContext, sink_token)
+                           TransactionContext, sink_token, write_sink_id)
 
 _log = get_logger(__name__)
 
@@ -155,6 +157,11 @@ def encode_txn(sink: "TwoPhaseCommitSink[Any]", txn: Any) -> tuple[Any, str]:
         except (ImportError, AttributeError):
             found = None
         if found is not cls:
+            if cls.__module__ == "__main__":  # a module-level class of the script: another process has another __main__
+                raise _refuse(sink, f"its class {path}", "is defined in the script run as __main__, which Spark's "
+                                                       "workers and a restarted driver cannot import by that name: "
+                                                       "define the dataclass in a module of its own, importable where "
+                                                       "the job runs (or use a dict handle)")
             raise _refuse(sink, f"its class {path}", "cannot be imported by that name at recovery (defined inside a "
                                                    "function?): define the dataclass at module level")
         out = {}
@@ -190,6 +197,20 @@ def decode_txn(sink: "TwoPhaseCommitSink[Any]", committable: UserCommittable) ->
             f"{type(sink).__name__} (sink {sink.sink_id!r}): the transaction handle of checkpoint "
             f"{committable.checkpoint_id} task {committable.task_id} is a {committable.txn_class} and cannot be rebuilt "
             f"in this process ({type(e).__name__}: {e}); install the module that defines it where the driver runs")
+
+
+def _picklable(value: Any) -> bool:
+    if value is None or isinstance(value, (str, int, float, bool, bytes)):
+        return True
+    try:
+        try:
+            from pyspark import cloudpickle as _cp  # what Spark pickles with (lambdas, local classes)
+            _cp.dumps(value)
+        except ImportError:
+            pickle.dumps(value)
+    except Exception:
+        return False
+    return True
 
 
 # --------------------------------------------------------------------------- the user's base class
@@ -272,6 +293,36 @@ class TwoPhaseCommitSink(SinkSpec[UserCommittable], Generic[TXN]):
         if not getattr(self, "_twophase_init", False):
             raise ConfigurationError(f"{type(self).__name__}.__init__ did not call super().__init__(sink_id=..., "
                                      "log_location=..., guarantee=...); add that call")
+        if not self.__dict__.get("_twophase_bound", False):
+            self._check_picklable()
+            self._twophase_bound = True
+
+    # ---- pickling (invariant 7): Spark pickles the sink to every task and to the commit worker, again per batch
+
+    def _check_picklable(self) -> None:
+        """At bind time (the first writer, committer or bind_owner): what the constructor set must pickle."""
+        for name, value in self.__dict__.items():
+            if not _picklable(value):
+                raise ConfigurationError(
+                    f"{type(self).__name__} (sink {self.sink_id!r}): attribute {name!r} ({type(value).__name__}) cannot "
+                    "be pickled, and Spark sends the sink to every task and to the driver's commit worker: keep only "
+                    f"settings on the sink and create the client lazily (self.{name} = None in __init__, made on "
+                    "first use in a hook: such a value set after the sink is bound travels as None)")
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The sink's attributes; one whose value cannot be pickled (a client or connection a hook made lazily)
+        travels as None and is made again on first use where the copy runs."""
+        state = dict(self.__dict__)
+        if state.get("_twophase_bound", False):
+            for name, value in state.items():
+                if not _picklable(value):
+                    _log.debug("attribute_not_pickled", sink_id=state.get("sink_id"), attribute=name,
+                               type=type(value).__name__)
+                    state[name] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
 
     def resolved_log_location(self) -> str:
         """Where this sink's transaction log is (invariant 6)."""
@@ -322,6 +373,20 @@ class TwoPhaseCommitSink(SinkSpec[UserCommittable], Generic[TXN]):
             raise SinkHookError(f"{what} failed: {type(e).__name__}: {redact_text(str(e))}",
                                 retriable=retriable) from e
 
+    # ---- batch writes (twophase.write_job): one sink id and log per write, the same hooks
+
+    supports_write_jobs = True
+
+    def write_job_spec(self, key: str) -> "TwoPhaseCommitSink[TXN]":
+        """A copy of this sink for one batch write: sink id ``<sink id>#write:<key>@<digest>`` and its log under this
+        sink's log (``<log>/write-jobs/<key>``); the hooks see ``context.sink_id`` / ``self.sink_id`` of the write."""
+        base_log = self.resolved_log_location().rstrip("/")
+        spec = copy.copy(self)
+        spec.sink_id = write_sink_id(self.sink_id, base_log, key)
+        spec.log_location = f"{base_log}/write-jobs/{key}"
+        spec.owner = None
+        return spec
+
     # ---- pending records (invariant 5)
 
     def _pending_name(self, c: Committable) -> str:
@@ -336,6 +401,21 @@ class _UserWriter(SinkWriter[UserCommittable]):
         self.sink = sink
         self.records = 0
         self.txn = sink.call_hook("begin_transaction", context)
+        if sink.guarantee is not Guarantee.AT_LEAST_ONCE:
+            self._record_early()
+
+    def _record_early(self) -> None:
+        """The pending record right after begin_transaction: a task that dies in ``write`` leaves a handle the
+        sweep aborts (``recover_and_abort`` may thus get a handle whose ``pre_commit`` never ran). A handle that
+        cannot travel is refused at ``pre_commit``, as always; then it has no early record."""
+        sink, c = self.sink, self.context
+        try:
+            value, cls_path = encode_txn(sink, self.txn)
+        except ConfigurationError:
+            return
+        early = UserCommittable(checkpoint_id=c.checkpoint_id, task_id=c.task_id, attempt_uid=c.attempt_uid,
+                                records=0, txn=value, txn_class=cls_path)
+        sink.transaction_log().store.put(sink._pending_name(early), json.dumps(early.to_json()).encode())
 
     def write(self, batch: Any) -> int:
         self.sink.call_hook("write", self.txn, batch)
@@ -358,7 +438,11 @@ class _UserWriter(SinkWriter[UserCommittable]):
         return committable
 
     def abort(self) -> None:
-        self.sink.call_hook("abort", self.txn)
+        sink, c = self.sink, self.context
+        sink.call_hook("abort", self.txn)
+        if sink.guarantee is not Guarantee.AT_LEAST_ONCE:  # its early record (or pre_commit's) is done with
+            sink.transaction_log().store.delete(sink._pending_name(
+                UserCommittable(checkpoint_id=c.checkpoint_id, task_id=c.task_id, attempt_uid=c.attempt_uid)))
 
 
 class _UserCommitter(SinkCommitter[UserCommittable]):
@@ -400,7 +484,7 @@ class _UserCommitter(SinkCommitter[UserCommittable]):
         self.store.delete(sink._pending_name(committable))
 
     def abort_lingering(self, up_to_checkpoint: int, highest_committed: Optional[int]) -> int:
-        aborted = 0
+        aborted = failed = 0
         for name in self.store.list(PENDING_PREFIX):
             base = name.rsplit("/", 1)[-1]
             try:
@@ -412,12 +496,19 @@ class _UserCommitter(SinkCommitter[UserCommittable]):
             raw = self.store.get(name if name.startswith(PENDING_PREFIX) else PENDING_PREFIX + name)
             if raw is None:
                 continue
-            committable = UserCommittable.from_json(json.loads(raw))
-            self.sink.call_hook("recover_and_abort", decode_txn(self.sink, committable))
+            try:
+                committable = UserCommittable.from_json(json.loads(raw))
+                self.sink.call_hook("recover_and_abort", decode_txn(self.sink, committable))
+            except Exception as e:  # one record must not block the others: kept, retried by the next sweep
+                _log.warning("lingering_abort_failed", sink_id=self.sink.sink_id, record=name,
+                             checkpoint_id=checkpoint_id, error=f"{type(e).__name__}: {redact_text(str(e))}")
+                failed += 1
+                continue
             self.store.delete(self.sink._pending_name(committable))
             aborted += 1
-        if aborted:
-            _log.info("lingering_aborted", sink_id=self.sink.sink_id, up_to=up_to_checkpoint, transactions=aborted)
+        if aborted or failed:
+            _log.info("lingering_aborted", sink_id=self.sink.sink_id, up_to=up_to_checkpoint, transactions=aborted,
+                      failed=failed)
         return aborted
 
 
