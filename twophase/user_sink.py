@@ -26,13 +26,16 @@ The transaction handle (``TXN``) travels from the executor to the driver and int
 recovery in another process: it is a JSON value (dict with str keys, list, str, int, float, bool, None) or a
 dataclass of such fields (its class is recorded as ``module:qualname`` and rebuilt with ``cls(**fields)``).
 
-Lingering transactions (invariant 5 of :mod:`twophase.sink`) need no hook of the user: after ``pre_commit`` the
-writer records the handle under ``user-pending/`` in the sink's log store (next to the log's ``checkpoints/``,
-which it never touches); ``commit`` and ``abort`` remove that record, and the sweep ``abort_lingering(n)`` calls
-``recover_and_abort`` on every recorded handle of a checkpoint ``<= n`` that is still there (a losing attempt, a
-pre-committed task whose ack never reached the driver). Executors therefore need to reach the log location
-(the query's checkpoint location is on shared storage anyway). A task that dies between its ``pre_commit``
-returning and that record being written leaves its transaction to the destination's own expiry, as in Flink.
+Lingering transactions (invariant 5 of :mod:`twophase.sink`) need no hook of the user: right after
+``begin_transaction`` (and again after ``pre_commit``, with the final handle) the writer records the handle under
+``user-pending/`` in the sink's log store (next to the log's ``checkpoints/``, which it never touches); ``commit``
+and ``abort`` remove that record, and the sweep ``abort_lingering(n)`` calls ``recover_and_abort`` on every recorded
+handle of a checkpoint ``<= n`` that is still there (a losing attempt, a task that died in ``write``, a
+pre-committed task whose ack never reached the driver): ``recover_and_abort`` may get a handle whose ``pre_commit``
+never ran. A record whose abort raises is logged (``lingering_abort_failed``, naming the sink id and the record),
+kept, and retried by the next sweep; the others go on. Executors need to reach the log location (the query's
+checkpoint location is on shared storage anyway). A handle that is not JSON at ``begin_transaction`` gets no early
+record (it is refused at ``pre_commit``).
 
 Invariants (named in tests as ``test_user_sink_invN_*``):
 
@@ -55,6 +58,11 @@ Invariants (named in tests as ``test_user_sink_invN_*``):
 6. ``sink_id`` is required and validated; the log is at ``log_location``, else under the query's checkpoint
    location (``<owner>/twophase-sink/<token of sink id>``, see :meth:`TwoPhaseCommitSink.bind_owner`), else a
    ConfigurationError names both ways.
+7. Pickling (Spark sends the sink to every task and to the driver's commit worker, again for every batch): every
+   attribute the sink has when it is first bound (first writer, committer or ``bind_owner``: what the constructor
+   set) must pickle, else a ConfigurationError names the attribute; an attribute a hook sets later whose value
+   cannot be pickled (a client or connection made lazily) travels as None. A subclass's own ``__getstate__``
+   replaces this rule.
 """
 
 from __future__ import annotations
