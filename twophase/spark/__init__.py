@@ -88,3 +88,12 @@ def register(spark: Any) -> list[str]:
 # not callable". The submodule needs no PySpark at import time.
 from twophase.spark.foreach_batch import foreach_batch  # noqa: E402
 from twophase.spark.native import native_sink  # noqa: E402
+
+
+def data_source(sink_class: type, name: str) -> type:
+    """A PySpark data source class for a user's :class:`~twophase.TwoPhaseCommitSink` subclass, format ``name``:
+    ``spark.dataSource.register(twophase.spark.data_source(MySink, name="my-sink"))``, then
+    ``df.writeStream.format("my-sink").option("sink_id", ...)...`` or ``df.write.format("my-sink")...save()``; the
+    options are the constructor's keyword arguments (strings). See :mod:`twophase.spark._user_format`."""
+    from twophase.spark._user_format import data_source as make
+    return make(sink_class, name)
