@@ -563,3 +563,55 @@ def test_user_sink_inv2_a_dataclass_of_main_gets_the_right_advice(tmp_path):
                                                  r"module of its own") as e:
         twophase.user_sink.encode_txn(make(tmp_path), MainTxn("x"))
     assert "inside a function" not in str(e.value)
+
+
+# --------------------------------------------------------------------------- twophase.testing.conformance (users)
+
+
+def _readme_sink_class() -> type:
+    """The README's "Write your own sink" class, as written (the block up to its Spark part), in a module of its own
+    (the suite pickles the sink: another process)."""
+    import pathlib
+    import re
+    import sys
+    import types
+    text = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    text = text[text.index("### Write your own sink"):]
+    block = re.findall(r"```python\n(.*?)```", text[:text.index("\n### ", 5)], re.S)[0]
+    module = types.ModuleType("twophase_readme_own_sink")
+    sys.modules[module.__name__] = module
+    exec(compile(block[:block.index("\nspark = ")], "README.md", "exec"), module.__dict__)
+    return module.JsonLinesSink
+
+
+def _readme_ids(directory: str) -> list[int]:
+    return [json.loads(line)["id"] for p in glob.glob(os.path.join(directory, "part-*.jsonl"))
+            for line in open(p)]
+
+
+@pytest.mark.parametrize("check", testing.CONFORMANCE_CHECKS, ids=testing.check_id)
+def test_user_sink_conformance_of_the_readme_example_through_twophase_testing(tmp_path, check):
+    """``twophase.testing.conformance``, as a user runs it in their own suite, on the README's example sink (its
+    log under the work directory, as under a query's checkpoint location)."""
+    cls = _readme_sink_class()
+    testing.conformance(lambda sink_id, workdir: cls(os.path.join(workdir, "out"), sink_id=sink_id),
+                        visible_ids=lambda workdir: _readme_ids(os.path.join(workdir, "out")),
+                        leftovers=lambda sink, workdir: len(glob.glob(os.path.join(workdir, "out", ".*.staged"))),
+                        checks=[check], workdir=str(tmp_path))
+
+
+def test_user_sink_conformance_names_every_failing_check(tmp_path):
+    """A sink that breaks invariants fails ``conformance`` with an AssertionError naming each failing check (all
+    run); a temporary work directory is removed."""
+
+    class Eager(JsonLinesSink):  # visible at pre_commit: breaks "nothing visible before commit"
+        def pre_commit(self, txn: Any) -> None:
+            super().pre_commit(txn)
+            os.replace(self._staged(txn), os.path.join(self.root, txn["final"]))
+
+    with pytest.raises(AssertionError) as e:
+        testing.conformance(lambda sink_id, workdir: Eager(os.path.join(workdir, "out"), sink_id=sink_id),
+                            visible_ids=lambda workdir: visible(os.path.join(workdir, "out")),
+                            leftovers=lambda sink, workdir: 0)
+    assert "conformance_inv1_nothing_visible_before_commit: AssertionError: rows visible before commit" in str(e.value)
+    assert "conformance check(s) failed for user" in str(e.value)

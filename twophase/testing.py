@@ -7,12 +7,26 @@ The conformance suite (:data:`CONFORMANCE_CHECKS`) is one set of checks of the s
 :mod:`twophase.sink`, run against every sink on its real server through a :class:`SinkHarness`
 (``tests/test_conformance.py``: files, Delta on a local path; ``integration/test_conformance.py``:
 S3, Delta on S3, Kafka). A new sink writes a harness and joins both lists.
+
+A user's own sink (:class:`~twophase.TwoPhaseCommitSink`) runs the same suite in the user's own test suite with
+:func:`conformance`, from three functions (build the sink, read what is visible, count leftovers)::
+
+    import pytest
+    import twophase.testing
+
+    @pytest.mark.parametrize("check", twophase.testing.CONFORMANCE_CHECKS, ids=twophase.testing.check_id)
+    def test_my_sink_conformance(tmp_path, check):
+        twophase.testing.conformance(
+            lambda sink_id, workdir: MySink(os.path.join(workdir, "out"), sink_id=sink_id),
+            visible_ids=lambda workdir: read_my_ids(os.path.join(workdir, "out")),
+            leftovers=lambda sink, workdir: count_my_staged(os.path.join(workdir, "out")),
+            checks=[check], workdir=str(tmp_path))
 """
 
 from __future__ import annotations
 
 import abc
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from twophase.errors import DataLossError
 from twophase.sink import Ack, CommitStatus, SinkSpec, TransactionContext, run_task
@@ -209,3 +223,77 @@ CONFORMANCE_CHECKS: tuple[Callable[[SinkHarness], None], ...] = (
     conformance_inv5_lingering_work_of_a_committed_checkpoint_is_swept,
     conformance_inv5_only_its_own_work_is_swept,
 )
+
+
+# --------------------------------------------------------------------------- for users: their own TwoPhaseCommitSink
+
+
+class _CallableHarness(SinkHarness):
+    """A :class:`SinkHarness` from three functions of a fresh work directory (see :func:`conformance`)."""
+
+    def __init__(self, workdir: str, sink_factory: Callable[[str, str], SinkSpec[Any]],
+                 visible_ids: Callable[[str], list[int]], leftovers: Callable[[SinkSpec[Any], str], int],
+                 lost_undetectable: str, name: str) -> None:
+        self.workdir, self.name, self.lost_undetectable = workdir, name, lost_undetectable
+        self._make, self._visible, self._leftovers = sink_factory, visible_ids, leftovers
+
+    def make_sink(self, sink_id: str) -> SinkSpec[Any]:
+        import os
+        sink = self._make(sink_id, self.workdir)
+        if getattr(sink, "log_location", "") is None and getattr(sink, "owner", "") is None:
+            sink.bind_owner(os.path.join(self.workdir, "_checkpoint"))  # type: ignore[attr-defined]
+        return sink
+
+    def visible_ids(self) -> list[int]:
+        return sorted(self._visible(self.workdir))
+
+    def leftovers(self, sink: SinkSpec[Any]) -> int:
+        return int(self._leftovers(sink, self.workdir))
+
+
+def check_id(check: Callable[..., Any]) -> str:
+    """A short test id of a conformance check (for ``pytest.mark.parametrize(..., ids=check_id)``)."""
+    return check.__name__.removeprefix("conformance_")
+
+
+def conformance(sink_factory: Callable[[str, str], SinkSpec[Any]], *, visible_ids: Callable[[str], list[int]],
+                leftovers: Callable[[SinkSpec[Any], str], int],
+                checks: Optional[Sequence[Callable[[SinkHarness], None]]] = None, lost_undetectable: str = "",
+                workdir: Optional[str] = None, name: str = "user") -> None:
+    """Run the conformance suite (:data:`CONFORMANCE_CHECKS`, or ``checks``) against your own sink, e.g. a
+    :class:`~twophase.TwoPhaseCommitSink`, in your own test suite. Each check gets a fresh, empty work directory
+    (under ``workdir``, else a temporary one, removed afterwards) and calls:
+
+    - ``sink_factory(sink_id, workdir)``: a sink with id ``sink_id`` writing to a destination of that work directory
+      (a directory in it, or a table or prefix named after it); every sink of one check shares it. A sink with no
+      ``log_location`` gets its log under ``<workdir>/_checkpoint`` (as under a query's checkpoint location);
+    - ``visible_ids(workdir)``: the ``id`` of every row a reader sees there, duplicates kept (the rows written have
+      an ``id`` int64 and a ``v`` string column);
+    - ``leftovers(sink, workdir)``: how many uncommitted artifacts of ``sink`` are left (staged files, open
+      transactions).
+
+    ``lost_undetectable``: a reason, if your destination cannot tell an aborted transaction from a committed one
+    (the check that committing an aborted handle raises DataLossError is then skipped). Every check runs; an
+    AssertionError names each one that failed, with its error."""
+    import os
+    import shutil
+    import tempfile
+    import traceback
+    failed = []
+    base = workdir or tempfile.mkdtemp(prefix="twophase-conformance-")
+    try:
+        for check in (CONFORMANCE_CHECKS if checks is None else tuple(checks)):
+            where = os.path.join(base, check_id(check))
+            os.makedirs(where)
+            h = _CallableHarness(where, sink_factory, visible_ids, leftovers, lost_undetectable, name)
+            try:
+                check(h)
+            except Exception as e:
+                failed.append(f"{check.__name__}: {type(e).__name__}: {e}\n{traceback.format_exc(limit=-3)}")
+            finally:
+                h.close()
+    finally:
+        if workdir is None:
+            shutil.rmtree(base, ignore_errors=True)
+    if failed:
+        raise AssertionError(f"{len(failed)} conformance check(s) failed for {name}:\n" + "\n".join(failed))
