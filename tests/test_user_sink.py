@@ -615,3 +615,54 @@ def test_user_sink_conformance_names_every_failing_check(tmp_path):
                             leftovers=lambda sink, workdir: 0)
     assert "conformance_inv1_nothing_visible_before_commit: AssertionError: rows visible before commit" in str(e.value)
     assert "conformance check(s) failed for user" in str(e.value)
+
+
+# --------------------------------------------------------------------------- the embedded runtime, SIGKILLed
+
+RT_CRASH_JOB = '''
+import sys, time
+sys.path[:0] = [{root!r}, {tests!r}]
+from test_user_sink import JsonLinesSink
+from twophase.runtime import CheckpointConfig, CollectionSource, JobGraph, JobRunner
+
+def pause(_split, _pos):  # before each read of 256 records: several checkpoints while the input lasts
+    time.sleep(0.08)
+    return False
+
+g = JobGraph("user-sink-crash")
+sink = JsonLinesSink({out!r}, sink_id="user-rt", log_location={log!r})
+g.source(CollectionSource({{"s0": [{{"id": i}} for i in range({n})]}}, pause=pause), uid="src").sink_to(
+    sink, uid="sink", parallelism=2)
+JobRunner(g, checkpointing=CheckpointConfig(0.03), owner={ck!r}).run()
+print("FINISHED")
+'''
+
+
+@pytest.mark.parametrize("point", ["after_pre_commit@2", "after_complete@2"])
+def test_user_sink_runtime_sigkill_between_pre_commit_and_commit_then_restart_every_record_once(tmp_path, point):
+    """``stream.sink_to(MySink(...))`` in the embedded runtime: the job process SIGKILLed after a pre_commit (the
+    checkpoint undecided: aborted at restart) or after the checkpoint is decided and before its commit (committed
+    by the restart's recovery); the restarted job finishes with every record once and nothing staged or pending."""
+    import signal
+    import subprocess
+    import sys
+    n = 2500
+    out, log, marker = str(tmp_path / "out"), str(tmp_path / "log"), str(tmp_path / "marker")
+    script = tmp_path / "job.py"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script.write_text(RT_CRASH_JOB.format(root=root, tests=os.path.join(root, "tests"), out=out, log=log,
+                                          ck=str(tmp_path / "ck"), n=n))
+    env = dict(os.environ, TWOPHASE_FAULT=point, TWOPHASE_FAULT_MARKER=marker)
+    p = subprocess.run([sys.executable, str(script)], env=env, start_new_session=True, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == -signal.SIGKILL, p.stdout + p.stderr[-3000:]
+    assert open(marker).read().startswith(point.split("@")[0]), "the crash really happened"
+    got = visible(out)
+    assert len(got) == len(set(got)), "a duplicate after the crash"
+    env.pop("TWOPHASE_FAULT")
+    p = subprocess.run([sys.executable, str(script)], env=env, start_new_session=True, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0 and "FINISHED" in p.stdout, p.stderr[-3000:]
+    assert visible(out) == list(range(n))
+    assert os.listdir(os.path.join(out, "_staging")) == []
+    assert JsonLinesSink(out, sink_id="user-rt", log_location=log).transaction_log().store.list(PENDING_PREFIX) == []
