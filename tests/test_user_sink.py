@@ -666,3 +666,44 @@ def test_user_sink_runtime_sigkill_between_pre_commit_and_commit_then_restart_ev
     assert visible(out) == list(range(n))
     assert os.listdir(os.path.join(out, "_staging")) == []
     assert JsonLinesSink(out, sink_id="user-rt", log_location=log).transaction_log().store.list(PENDING_PREFIX) == []
+
+
+class PrefixSink(JsonLinesSink):
+    """Derives a name prefix from its sink id in the constructor (as twophase-postgres derives its gid prefix)."""
+
+    def __init__(self, root: str, **kw: Any) -> None:
+        super().__init__(root, **kw)
+        self.prefix = f"tp_{sink_token(self.sink_id)}_"
+
+
+def test_user_sink_batch_write_spec_is_built_again_by_the_constructor(tmp_path):
+    """A batch write's sink (write_job_spec) is built by the constructor from the format's options with the write's
+    own sink id and log, so what the constructor derives from the sink id (a prefix the sweep proves ownership by) is
+    the write's, never the streaming sink's; a sink not built from a format's options is refused naming the way."""
+    from twophase.spark._user_format import sink_from_options
+    sink = sink_from_options(PrefixSink, "prefix-sink", {"root": str(tmp_path / "out"), "sinkId": "s",
+                                                         "log_location": str(tmp_path / "log")})
+    spec = sink.write_job_spec("w1")
+    assert spec.sink_id.startswith("s#write:w1@") and spec.log_location == f"{tmp_path / 'log'}/write-jobs/w1"
+    assert spec.prefix == f"tp_{sink_token(spec.sink_id)}_" != sink.prefix
+    assert spec.root == sink.root and spec.write_job_spec("w2").sink_id.startswith(f"{spec.sink_id}#write:w2@")
+    with pytest.raises(ConfigurationError, match=r"twophase.spark.data_source\(JsonLinesSink"):
+        make(tmp_path).write_job_spec("w1")
+
+
+def test_user_sink_inv7_a_subclass_getstate_is_its_own_rule_at_bind(tmp_path):
+    """Invariant 7: a sink whose own __getstate__ leaves its lock out (twophase-postgres) is not refused at bind."""
+    import threading
+
+    class OwnRule(JsonLinesSink):
+        def __init__(self, root: str, **kw: Any) -> None:
+            super().__init__(root, **kw)
+            self._lock = threading.Lock()
+
+        def __getstate__(self) -> dict:
+            return {k: v for k, v in self.__dict__.items() if k != "_lock"}
+
+    OwnRule(str(tmp_path / "out"), sink_id="s", log_location=str(tmp_path / "log")).bind_owner(str(tmp_path / "ck"))
+    from twophase.sinks.postgres import PostgresSink
+    pg = PostgresSink("postgresql://u:secret@localhost:1/db", "public.t", sink_id="pg", log_location=str(tmp_path / "l"))
+    pg.bind_owner(str(tmp_path / "ck")).create_committer()

@@ -68,7 +68,6 @@ Invariants (named in tests as ``test_user_sink_invN_*``):
 from __future__ import annotations
 
 import abc
-import copy
 import dataclasses
 import enum
 import importlib
@@ -309,7 +308,9 @@ class TwoPhaseCommitSink(SinkSpec[UserCommittable], Generic[TXN]):
 
     def _check_picklable(self) -> None:
         """At bind time (the first writer, committer or bind_owner): what the constructor set must pickle."""
-        for name, value in self.__dict__.items():
+        own = type(self).__getstate__ is not TwoPhaseCommitSink.__getstate__  # a subclass's rule (it drops its clients)
+        state = self.__getstate__() if own else self.__dict__
+        for name, value in (state.items() if isinstance(state, dict) else ()):
             if not _picklable(value):
                 raise ConfigurationError(
                     f"{type(self).__name__} (sink {self.sink_id!r}): attribute {name!r} ({type(value).__name__}) cannot "
@@ -386,13 +387,20 @@ class TwoPhaseCommitSink(SinkSpec[UserCommittable], Generic[TXN]):
     supports_write_jobs = True
 
     def write_job_spec(self, key: str) -> "TwoPhaseCommitSink[TXN]":
-        """A copy of this sink for one batch write: sink id ``<sink id>#write:<key>@<digest>`` and its log under this
-        sink's log (``<log>/write-jobs/<key>``); the hooks see ``context.sink_id`` / ``self.sink_id`` of the write."""
+        """The sink of one batch write: built again by its constructor from the options it was built from (a
+        registered format, :func:`twophase.spark.data_source`), with sink id ``<sink id>#write:<key>@<digest>`` and
+        its log under this sink's log (``<log>/write-jobs/<key>``), so that whatever the constructor derives from
+        the sink id (names, prefixes its sweep proves ownership by) is the write's own."""
+        options = self.__dict__.get("_twophase_options")
+        if options is None:
+            raise ConfigurationError(
+                f"{type(self).__name__} (sink {self.sink_id!r}) takes batch writes (df.write) only as a registered "
+                "format: spark.dataSource.register(twophase.spark.data_source(" + type(self).__name__ + ", name=...)), "
+                "then df.write.format(name).option(...).mode('append').save()")
         base_log = self.resolved_log_location().rstrip("/")
-        spec = copy.copy(self)
-        spec.sink_id = write_sink_id(self.sink_id, base_log, key)
-        spec.log_location = f"{base_log}/write-jobs/{key}"
-        spec.owner = None
+        spec = type(self)(**{**options, "sink_id": write_sink_id(self.sink_id, base_log, key),
+                             "log_location": f"{base_log}/write-jobs/{key}"})
+        spec._twophase_options = dict(options)
         return spec
 
     # ---- pending records (invariant 5)

@@ -78,6 +78,7 @@ def sink_from_options(sink_class: type, name: str, options: dict[str, str]) -> T
             + " ".join(f".option({m!r}, ...)" for m in missing))
     try:
         sink = sink_class(**kwargs)
+        sink._twophase_options = dict(kwargs)  # a batch write's sink is built again from them (write_job_spec)
     except ConfigurationError as e:
         raise ConfigurationError(f"{name}: {e}") from e
     except (TypeError, ValueError) as e:
