@@ -196,6 +196,10 @@ class TxnClient:
 
     def _call(self, transactional_id: str, build: Any, what: str) -> type:
         """Send ``build()`` to the id's coordinator, retrying retriable errors; returns the error class."""
+        return self._call_response(transactional_id, build, what)[0]
+
+    def _call_response(self, transactional_id: str, build: Any, what: str) -> tuple[type, Any]:
+        """:meth:`_call`, also returning the final response (None if the last attempt raised)."""
         deadline = time.monotonic() + self.retry_deadline_s
         delay = 0.05
         while True:
@@ -207,7 +211,7 @@ class TxnClient:
                 error = Errors.for_code(response.error_code)
             except (Errors.KafkaConnectionError, Errors.NodeNotReadyError, Errors.KafkaTimeoutError,
                     *_RETRIABLE) as e:  # FindCoordinator raises (e.g. CoordinatorNotAvailable while Kafka creates
-                error = type(e)         # __transaction_state on a new cluster): retried like a response's error
+                error, response = type(e), None  # __transaction_state on a new cluster): retried like an error
             if error in _RETRIABLE or error in (Errors.KafkaConnectionError, Errors.NodeNotReadyError,
                                                 Errors.KafkaTimeoutError):
                 if error in (Errors.NotCoordinatorError, Errors.CoordinatorNotAvailableError):
@@ -218,7 +222,7 @@ class TxnClient:
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)
                 continue
-            return error
+            return error, response
 
     # ---- the requests
 
@@ -236,33 +240,18 @@ class TxnClient:
                                  f"{transactional_id!r} failed: {error.__name__}")
 
     def fence(self, transactional_id: str, timeout_ms: int) -> tuple[int, int]:
-        """InitProducerId for ``transactional_id``: bump its epoch, aborting what it had open."""
-        result: dict[str, int] = {}
-
+        """InitProducerId for ``transactional_id``: bump its epoch, aborting what it had open (retried by
+        :meth:`_call` like every other request: NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS, a lost
+        connection)."""
         def build() -> Any:
             return InitProducerIdRequest(transactional_id=transactional_id, transaction_timeout_ms=timeout_ms,
                                          producer_id=-1, producer_epoch=-1, max_version=4)
 
-        deadline = time.monotonic() + self.retry_deadline_s
-        while True:
-            async def go() -> Any:
-                node = await self._coordinator(transactional_id)
-                return await self.admin._manager.send(build(), node_id=node)
-            try:
-                response = self.admin._manager.run(go)
-                error = Errors.for_code(response.error_code)
-            except _RETRIABLE as e:  # raised by FindCoordinator (a new cluster's __transaction_state not ready yet)
-                error, response = type(e), None
-            if error is Errors.NoError:
-                result["pid"], result["epoch"] = response.producer_id, response.producer_epoch
-                return result["pid"], result["epoch"]
-            if error in _RETRIABLE and time.monotonic() < deadline:
-                if error in (Errors.NotCoordinatorError, Errors.CoordinatorNotAvailableError):
-                    self._forget_coordinator(transactional_id)
-                time.sleep(0.05 if error is not Errors.CoordinatorNotAvailableError else 0.25)
-                continue
-            raise TransientSinkError(f"twophase-kafka: fencing transactional id {transactional_id!r} failed: "
-                                     f"{error.__name__}")
+        error, response = self._call_response(transactional_id, build, "fencing (InitProducerId)")
+        if error is Errors.NoError:
+            return response.producer_id, response.producer_epoch
+        raise TransientSinkError(f"twophase-kafka: fencing transactional id {transactional_id!r} failed: "
+                                 f"{error.__name__}")
 
     def describe(self, transactional_ids: Iterable[str]) -> Optional[dict[str, Optional[TxnState]]]:
         """``{id: TxnState or None (unknown to the coordinator)}``; None if the broker cannot describe.
