@@ -10,3 +10,11 @@ import pytest
 def registry(tmp_path):
     """A private prefix registry, so tests never see each other's transactional prefix claims."""
     return str(tmp_path / "prefix-registry")
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster():
+    """A 3-broker Apache Kafka cluster (integration.kafka.cluster), started on first use, stopped at the end."""
+    from integration.kafka.cluster import kafka_cluster as start
+    with start(3) as cluster:
+        yield cluster
