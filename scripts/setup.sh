@@ -48,6 +48,7 @@ if ! command -v mvn >/dev/null 2>&1; then
 fi
 bash scripts/kafka_server.sh fetch
 KAFKA_VERSION=3.9.1 bash scripts/kafka_server.sh fetch   # the 3.x line (integration.kafka.apache_kafka.KAFKA_3)
+bash scripts/spark_kafka.sh fetch   # Spark's own Kafka connector (peer tests, bench/bench_kafka.py)
 bash scripts/pg_server.sh fetch   # PostgreSQL (apt-get install postgresql if initdb is missing), twophase-postgres tests
 bash scripts/setup_delta.sh     # .venv-delta: PySpark 4.2 + delta-spark 4.4 and Delta's jars, for integration/delta_spark (Delta as oracle)
 export PYSPARK_PYTHON="$ROOT/.venv/bin/python"
