@@ -67,6 +67,8 @@ MARKER_TABLE = "_twophase_commits"
 _MARKERS_READY: set = set()
 _GID = re.compile(r"^tp_([0-9a-f]{12})_([0-9a-f]{8})_(\d{20})_(.+)_([A-Za-z0-9]+)$")
 _GID_UNSAFE = re.compile(r"[^A-Za-z0-9.\-]")
+#: the staging table's row-order column (upsertKeys)
+_STAGE_SEQ = "_twophase_row_seq"
 
 #: Arrow type -> the PostgreSQL types (pg_type.typname) a column of it round-trips through
 _INTS = {8: ("int2", "int4", "int8", "numeric"), 16: ("int2", "int4", "int8", "numeric"),
@@ -151,6 +153,15 @@ def _parse_table(table: str) -> tuple[str, str]:
     return (parts[0], parts[1]) if len(parts) == 2 else ("public", parts[0])
 
 
+def _digest_name(schema: str, table: str) -> str:
+    """The text the table digest of the gid is taken of: ``schema.table``, or the quoted form when a part holds a
+    dot or a quote (``x."y.z"`` and ``"x.y".z`` are two tables: one digest made one sink's sweep roll back the
+    other's prepared transactions). Plain names keep the unquoted form, so their gids are unchanged."""
+    if any(c in part for part in (schema, table) for c in '."'):
+        return f"{_quote_ident(schema)}.{_quote_ident(table)}"
+    return f"{schema}.{table}"
+
+
 def _int_option(name: str, value: Any, low: float) -> float:
     try:
         v = float(value)
@@ -201,7 +212,7 @@ class PostgresSink(TwoPhaseCommitSink[dict]):
         self.prepared_warn_after = _int_option("preparedWarnAfter", preparedWarnAfter, 0)
         mschema, mtable = _parse_table(markerTable) if markerTable else (self.schema, MARKER_TABLE)
         self.marker_schema, self.marker_table = mschema, mtable
-        digest = hashlib.sha256(f"{self.schema}.{self.table}".encode()).hexdigest()[:8]
+        digest = hashlib.sha256(_digest_name(self.schema, self.table).encode()).hexdigest()[:8]
         #: every gid of this sink on this table starts with it (the sweep's proof of ownership)
         self.gid_prefix = f"tp_{sink_token(self.sink_id)}_{digest}_"
         self._init_local()
@@ -504,6 +515,9 @@ class PostgresSink(TwoPhaseCommitSink[dict]):
                     cols = ", ".join(map(_quote_ident, state["columns"]))
                     conn.execute(f"CREATE UNLOGGED TABLE {_quote_ident(self.schema)}.{_quote_ident(stage)} AS "
                                  f"SELECT {cols} FROM {self.qualified} WITH NO DATA")
+                    # the rows' order (COPY fills it): of two rows with one key in a task, the later one wins
+                    conn.execute(f"ALTER TABLE {_quote_ident(self.schema)}.{_quote_ident(stage)} ADD COLUMN "
+                                 f"{_quote_ident(_STAGE_SEQ)} bigint GENERATED ALWAYS AS IDENTITY")
                     state["stage"] = stage
             elif list(batch.schema.names) != state["columns"]:
                 raise ConfigurationError(f"twophase-postgres: a batch's columns {batch.schema.names} differ from the "
@@ -536,11 +550,18 @@ class PostgresSink(TwoPhaseCommitSink[dict]):
                 rest = [c for c in cols if c not in self.upsert_keys]
                 action = ("DO UPDATE SET " + ", ".join(f"{_quote_ident(c)} = EXCLUDED.{_quote_ident(c)}" for c in rest)
                           if rest else "DO NOTHING")
-                conn.execute(f"INSERT INTO {self.qualified} ({names}) SELECT {names} FROM {stage} ON CONFLICT "
-                             f"({', '.join(map(_quote_ident, self.upsert_keys))}) {action}")
+                keys = ", ".join(map(_quote_ident, self.upsert_keys))
+                all_keys = " AND ".join(f"{_quote_ident(k)} IS NOT NULL" for k in self.upsert_keys)
+                # one row per key (ON CONFLICT may not touch a row twice in one statement): the task's last; rows
+                # with a NULL key conflict with nothing (a unique index's NULLs are distinct) and all go in
+                conn.execute(f"INSERT INTO {self.qualified} ({names}) SELECT {names} FROM (SELECT DISTINCT ON "
+                             f"({keys}) {names} FROM {stage} WHERE {all_keys} ORDER BY {keys}, "
+                             f"{_quote_ident(_STAGE_SEQ)} DESC) AS last_per_key UNION ALL SELECT {names} FROM "
+                             f"{stage} WHERE NOT ({all_keys}) ON CONFLICT ({keys}) {action}")
                 conn.execute(f"DROP TABLE {stage}")
             conn.execute(f"INSERT INTO {self.marker} (gid, gid_prefix, checkpoint_id) VALUES (%s, %s, %s)",
                          (gid, self.gid_prefix, int(gid[len(self.gid_prefix):].split("_", 1)[0])))
+            state["preparing"] = True  # from here the server may hold it prepared even if the answer is lost
             conn.execute(f"PREPARE TRANSACTION '{gid}'")
             state["prepared"] = True
         except psycopg.Error as e:
@@ -592,7 +613,11 @@ class PostgresSink(TwoPhaseCommitSink[dict]):
             state = self._open.get(gid)
         if state is not None and not state["prepared"]:
             self._forget(gid)  # closing the connection rolls the open transaction back
-            return
+            if not state.get("preparing"):
+                return
+            # PREPARE was sent but its answer never came (connection cut): the server may have prepared it, and
+            # this attempt's own gid is never acked once its writer aborts: roll it back now, not at the next sweep
+            # (a lingering prepared transaction would hold its unique keys and block the task's retry)
         psycopg = _psycopg()
         conn = self._driver_conn()
         try:
