@@ -9,13 +9,21 @@ and takes the first timeout accepted. The choice is logged with what it means: a
 committed within it, so the longest batch plus any driver outage must fit; past it the brokers abort the
 transactions and the restart raises DataLossError naming the checkpoint (never a silent skip).
 
+One cache (:data:`CACHE`, keyed by :meth:`TimeoutCache.key`: the bootstrap servers and the id prefix) holds both
+what was chosen and which explicit timeouts the brokers accepted. Its entries expire after
+:data:`TTL_S` (10 minutes) and are forgotten when a broker refuses a timeout, so a long-lived driver notices
+brokers whose ``transaction.max.timeout.ms`` was lowered since it last asked.
+
 An explicit ``kafka.transaction.timeout.ms`` is never changed: refused by the brokers, it stays the start
 check's clear error (``KafkaSink._timeout_refused``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Hashable, Optional
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable, Iterable, Optional
 
 from twophase._logging import get_logger
 from twophase.errors import ConfigurationError
@@ -25,14 +33,70 @@ _log = get_logger(__name__)
 #: the timeouts tried, largest first: 1 h (the default), 30, 20, 15 (Kafka's default maximum), 10, 5, 2, 1 min
 LADDER_MS: tuple[int, ...] = (3_600_000, 1_800_000, 1_200_000, 900_000, 600_000, 300_000, 120_000, 60_000)
 
-_CHOSEN: dict[Hashable, int] = {}
+#: how long a broker's answer is trusted before it is asked again (a lowered transaction.max.timeout.ms)
+TTL_S = 600.0
 
 
-def choose_default_timeout(client: Any, probe_id: str, *, key: Hashable, sink_id: str = "") -> int:
-    """The largest of :data:`LADDER_MS` the brokers accept for ``probe_id`` (cached per ``key``).
+@dataclass
+class _Entry:
+    accepted: dict[int, float] = field(default_factory=dict)  # timeout -> when the brokers accepted it
+    chosen: Optional[int] = None                               # the default chosen (of ``accepted``), if any
+
+
+class TimeoutCache:
+    """What the brokers of one (servers, prefix) accepted, each answer trusted for ``ttl_s``."""
+
+    def __init__(self, ttl_s: float = TTL_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ttl_s, self.clock = ttl_s, clock
+        self._entries: dict[Hashable, _Entry] = {}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def key(bootstrap_servers: Iterable[str], prefix: str) -> Hashable:
+        """The one key of the cache: the brokers (as given, order kept) and the transactional id prefix."""
+        return (tuple(bootstrap_servers), prefix)
+
+    def accepted(self, key: Hashable, timeout_ms: int) -> bool:
+        """Whether the brokers accepted ``timeout_ms`` less than ``ttl_s`` ago."""
+        with self._lock:
+            entry = self._entries.get(key)
+            at = entry.accepted.get(timeout_ms) if entry else None
+            return at is not None and self.clock() - at < self.ttl_s
+
+    def record(self, key: Hashable, timeout_ms: int, *, chosen: bool = False) -> None:
+        with self._lock:
+            entry = self._entries.setdefault(key, _Entry())
+            entry.accepted[timeout_ms] = self.clock()
+            if chosen:
+                entry.chosen = timeout_ms
+
+    def chosen(self, key: Hashable, *, fresh: bool = True) -> Optional[int]:
+        """The default chosen for ``key``; with ``fresh``, only if its acceptance has not expired."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None or entry.chosen is None:
+                return None
+        if fresh and not self.accepted(key, entry.chosen):
+            return None
+        return entry.chosen
+
+    def forget(self, key: Hashable) -> None:
+        """Drop every answer for ``key`` (a broker refused a timeout: ask again next time)."""
+        with self._lock:
+            self._entries.pop(key, None)
+
+
+#: the process's cache (the driver's start checks; an executor's producers)
+CACHE = TimeoutCache()
+
+
+def choose_default_timeout(client: Any, probe_id: str, *, key: Hashable, sink_id: str = "",
+                           cache: Optional[TimeoutCache] = None) -> int:
+    """The largest of :data:`LADDER_MS` the brokers accept for ``probe_id`` (cached per ``key`` for ``TTL_S``).
 
     Raises ConfigurationError if they accept none (a broker whose maximum is below one minute)."""
-    chosen: Optional[int] = _CHOSEN.get(key)
+    cache = CACHE if cache is None else cache
+    chosen: Optional[int] = cache.chosen(key)
     if chosen is not None:
         return chosen
     for timeout in LADDER_MS:
@@ -44,7 +108,7 @@ def choose_default_timeout(client: Any, probe_id: str, *, key: Hashable, sink_id
             "twophase-kafka: the brokers accept no transaction timeout of one minute or more (their "
             "transaction.max.timeout.ms is below 60000): raise it on the brokers, or set kafka.transaction.timeout.ms "
             "to a value they accept that still outlives the longest batch")
-    _CHOSEN[key] = chosen
+    cache.record(key, chosen, chosen=True)
     _log.info("kafka_transaction_timeout_chosen", sink_id=sink_id, transaction_timeout_ms=chosen,
               capped_by_brokers=chosen < LADDER_MS[0],
               meaning=f"a prepared batch must be committed within {chosen // 60000} min: the longest batch plus any "
@@ -54,9 +118,24 @@ def choose_default_timeout(client: Any, probe_id: str, *, key: Hashable, sink_id
     return chosen
 
 
-def chosen_timeout(*, key: Hashable) -> Optional[int]:
-    """The timeout :func:`choose_default_timeout` chose for ``key`` in this process, if it ran (no request)."""
-    return _CHOSEN.get(key)
+def timeout_accepted(client: Any, probe_id: str, timeout_ms: int, *, key: Hashable,
+                     cache: Optional[TimeoutCache] = None) -> bool:
+    """Whether the brokers accept an explicit ``timeout_ms`` (asked at most once per ``TTL_S``; a refusal
+    forgets every answer for ``key``)."""
+    cache = CACHE if cache is None else cache
+    if cache.accepted(key, timeout_ms):
+        return True
+    if not client.accepts_timeout(probe_id, timeout_ms):
+        cache.forget(key)
+        return False
+    cache.record(key, timeout_ms)
+    return True
+
+
+def chosen_timeout(*, key: Hashable, cache: Optional[TimeoutCache] = None) -> Optional[int]:
+    """The timeout :func:`choose_default_timeout` last chose for ``key`` in this process, if it ran (no request;
+    possibly older than ``TTL_S``: the best known without asking)."""
+    return (CACHE if cache is None else cache).chosen(key, fresh=False)
 
 
 def check_timeout_against_trigger(timeout_ms: int, interval_ms: int, *, chosen: bool = False) -> None:

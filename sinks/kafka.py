@@ -142,7 +142,8 @@ from twophase.errors import (ConcurrentWriterError, ConfigurationError, FencedEr
 from twophase.log import LogStore, TransactionLog, decode_record, encode_record
 from twophase.log_s3 import S3_CLIENT_OPTIONS, S3Config, is_s3_url, open_log_store, parse_s3_url, s3_config_from
 from twophase.options import Option, parse_choice, parse_duration_ms, parse_positive_int, parse_options
-from twophase.sinks._kafka_timeout import check_timeout_against_trigger, choose_default_timeout, chosen_timeout
+from twophase.sinks._kafka_timeout import (CACHE as _TIMEOUT_CACHE, check_timeout_against_trigger,
+                                          choose_default_timeout, chosen_timeout, timeout_accepted)
 from twophase.sink import (Committable, CommitResult, CommitStatus, Guarantee, SinkCommitter, SinkSpec, SinkWriter,
                            TransactionContext, sink_token, write_identity, write_sink_id)
 
@@ -370,10 +371,6 @@ class KafkaTransaction:
             return sum(t.acked for t in self.tracks.values()) + len(self.errors)
 
 
-#: (servers, prefix, timeout) the broker accepted in this process (invariant 7, checked once)
-_TIMEOUTS_ACCEPTED: set[tuple[Any, ...]] = set()
-
-
 def _as_bytes(values: list[Any]) -> list[Optional[bytes]]:
     return [v.encode() if isinstance(v, str) else v for v in values]
 
@@ -528,44 +525,45 @@ class KafkaSink(SinkSpec[KafkaCommittable]):
                 self._check_age_alarm()
 
     def _check_transaction_timeout(self, client: Any) -> None:
-        """Invariant 7: the broker must accept the timeout, else fail now on the driver (once per process).
+        """Invariant 7: the broker must accept the timeout, else fail now on the driver (asked again after
+        ``_kafka_timeout.TTL_S`` or a refusal: a lowered transaction.max.timeout.ms is noticed).
 
         With no ``kafka.transaction.timeout.ms`` given, the largest timeout the brokers accept (up to the 1-hour
         default) is chosen, logged, and pinned into this sink's options: the copies Spark sends to executors and
         to the commit runner are made after this check, so every producer uses the chosen timeout."""
         if not self.options.transaction_timeout_explicit:
-            chosen = choose_default_timeout(client, f"{self.prefix}-timeout-check",
-                                            key=(self.options.bootstrap_servers, self.prefix), sink_id=self.sink_id)
+            chosen = choose_default_timeout(client, f"{self.prefix}-timeout-check", key=self._timeout_key(),
+                                            sink_id=self.sink_id)
             self.options = dataclasses.replace(self.options, transaction_timeout_ms=chosen,
                                                transaction_timeout_explicit=True)
             if self.options.trigger_interval_ms is not None:
                 check_timeout_against_trigger(chosen, self.options.trigger_interval_ms, chosen=True)
-            _TIMEOUTS_ACCEPTED.add((self.options.bootstrap_servers, self.prefix, chosen))
             return
-        timeout = self.options.transaction_timeout_ms
-        key = (self.options.bootstrap_servers, self.prefix, timeout)
-        if key in _TIMEOUTS_ACCEPTED:
-            return
-        if not client.accepts_timeout(f"{self.prefix}-timeout-check", timeout):
+        if not timeout_accepted(client, f"{self.prefix}-timeout-check", self.options.transaction_timeout_ms,
+                                key=self._timeout_key()):
             raise self._timeout_refused()
-        _TIMEOUTS_ACCEPTED.add(key)
+
+    def _timeout_key(self) -> Any:
+        """The key of this sink's brokers' answers in :data:`twophase.sinks._kafka_timeout.CACHE`."""
+        return _TIMEOUT_CACHE.key(self.options.bootstrap_servers, self.prefix)
 
     def effective_timeout_ms(self) -> int:
         """The transaction timeout producers and fences use: the explicit or pinned one, else (a sink whose start
         check did not run in this process, e.g. a CLI's) the brokers' choice (:func:`choose_default_timeout`)."""
         if self.options.transaction_timeout_explicit:
             return self.options.transaction_timeout_ms
-        return choose_default_timeout(self._client(), f"{self.prefix}-timeout-check",
-                                      key=(self.options.bootstrap_servers, self.prefix), sink_id=self.sink_id)
+        return choose_default_timeout(self._client(), f"{self.prefix}-timeout-check", key=self._timeout_key(),
+                                      sink_id=self.sink_id)
 
     def known_timeout_ms(self) -> Optional[int]:
         """The transaction timeout as far as known without asking the brokers (for a handle's age check):
         explicit or pinned, else the choice this process made when it created a producer, else None."""
         if self.options.transaction_timeout_explicit:
             return self.options.transaction_timeout_ms
-        return chosen_timeout(key=(self.options.bootstrap_servers, self.prefix))
+        return chosen_timeout(key=self._timeout_key())
 
     def _timeout_refused(self) -> ConfigurationError:
+        _TIMEOUT_CACHE.forget(self._timeout_key())  # the brokers' maximum changed: the next start check asks again
         timeout = self.options.transaction_timeout_ms
         return ConfigurationError(
             f"{SINK}: the broker refuses kafka.transaction.timeout.ms={timeout} ms"
