@@ -192,7 +192,8 @@ def list_names(container: Any, key_prefix: str, *, uncommitted: bool = True) -> 
         yield b.name
 
 
-def list_own_staged(container: Any, prefix: str, sink_id: str, partition_by: Sequence[str]) -> list[tuple[str, str, int]]:
+def list_own_staged(container: Any, prefix: str, sink_id: str, partition_by: Sequence[str],
+                    name_prefixes: Optional[Sequence[str]] = None) -> list[tuple[str, str, int]]:
     """``(name, name, checkpoint id)`` of every name under ``prefix`` that THIS sink made (its token, where it
     puts its files: under folders of its partition columns ``partition_by`` in order,
     :func:`~twophase.naming.own_part_rel`, never under a nested destination's folder, even ``region=eu``) and that
@@ -200,16 +201,19 @@ def list_own_staged(container: Any, prefix: str, sink_id: str, partition_by: Seq
     its two requests, see the module doc; a data file is never 0 bytes). Staged-only names are the blobs
     listed with ``include=uncommittedblobs`` minus those listed without (List Blobs says no more about a
     name with staged blocks only). Two listings of the prefix, each one request per 5000 names (committed
-    ones included: Azure has no listing of staged blocks alone)."""
+    ones included: Azure has no listing of staged blocks alone). ``name_prefixes`` (relative to ``prefix``)
+    lists only the names starting with one of them instead of the whole prefix: two listings each."""
     key_prefix = f"{prefix}/" if prefix else ""
+    starts = [key_prefix] if name_prefixes is None else [key_prefix + p for p in sorted(set(name_prefixes))]
 
     def own(uncommitted: bool) -> dict[str, tuple[int, int]]:
         out = {}
         include = ["uncommittedblobs"] if uncommitted else None
-        for b in container.list_blobs(name_starts_with=key_prefix, include=include):
-            cid = own_part_rel(b.name[len(key_prefix):], sink_id, partition_by)
-            if cid is not None:
-                out[b.name] = (cid, int(b.size or 0))
+        for start in starts:
+            for b in container.list_blobs(name_starts_with=start, include=include):
+                cid = own_part_rel(b.name[len(key_prefix):], sink_id, partition_by)
+                if cid is not None:
+                    out[b.name] = (cid, int(b.size or 0))
         return out
 
     committed = own(False)  # first: a name committed between the two listings looks staged-only here, and

@@ -77,6 +77,12 @@ class ObjectStore(abc.ABC):
     def list_own(self, sink_id: str) -> list[Pending]:
         """This sink's unfinished files under the path (names carrying its token)."""
 
+    def list_own_for(self, sink_id: str, checkpoint_id: int, entries: Sequence[Mapping[str, Any]], *,
+                     recovering: bool = False) -> list[Pending]:
+        """What the sweep right after checkpoint ``checkpoint_id``'s commit (its ``entries``) lists: by default
+        :meth:`list_own` (a store whose listing grows with history scopes it, proving nothing is missed)."""
+        return self.list_own(sink_id)
+
     @abc.abstractmethod
     def drop_own(self, pending: Collection[Pending], up_to: int, keep_ids: Collection[str]) -> int:
         """Drop the listed files of checkpoints ``<= up_to`` whose id is not in ``keep_ids``; how many went."""
@@ -204,7 +210,8 @@ class ObjectStoreCommitter(SinkCommitter[C], Generic[C]):
                                     thread_name_prefix="twophase-commit") as pool:
                 futures = {pool.submit(self.store.complete, e): i for i, e in jobs}
                 # the sweep's listing, beside the completions; the sweep uses it only after them
-                self._listed = (checkpoint_id, pool.submit(self.store.list_own, self.sink.sink_id),
+                self._listed = (checkpoint_id, pool.submit(self.store.list_own_for, self.sink.sink_id, checkpoint_id,
+                                                           [e for _, e in jobs], recovering=recovering),
                                 frozenset(self.store.entry_id(e) for _, e in jobs))
                 for n, done in enumerate(as_completed(futures)):
                     i = futures[done]

@@ -43,25 +43,31 @@ Invariants (``test_azure_files_sink_invN_*``):
    never another sink's, never a blob with data, never a name under a folder other than a Hive partition
    folder (another destination nested in this path, even with the same ``sink.id``). It runs right after each commit (``sweep_after_commit``), WITH the commit (``sweep_with_commit``:
    a commit of the checkpoint again after the sweep is still ALREADY_COMMITTED, invariant 2, since the
-   sweep keeps the checkpoint's own names and never touches a committed blob). Cost: two listings of the
-   path per batch (with and without ``include=uncommittedblobs``; Azure lists no staged blocks alone), one
-   request per 5000 names each, taken while the checkpoint's blobs are committed.
+   sweep keeps the checkpoint's own names and never touches a committed blob). Cost, flat as history grows
+   (invariant 6): the sweep right after checkpoint ``n``'s commit lists only ``n``'s own names
+   (``part-<token>-<n>-``) in the folders ``n``'s blobs are in and the path itself, two requests each
+   (with and without ``include=uncommittedblobs``; Azure lists no staged blocks alone), taken while the
+   checkpoint's blobs are committed; the whole path (one request per 5000 names, twice) only every
+   ``FULL_SWEEP_EVERY`` checkpoints and at a recovery that sweeps.
 5. ``commit_checkpoint`` commits every file of a checkpoint at once (``commit_parallelism`` threads);
    fault point ``mid_commit`` fires when the first is committed.
+6. The scoped sweep of invariant 4 misses no straggler the whole-path listing of every batch found: each is
+   dropped at the latest by the next whole listing, at most ``FULL_SWEEP_EVERY`` checkpoints later (proof:
+   :meth:`AzureBlobs.list_own_for`).
 """
 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Collection, Mapping, TypedDict
+from typing import Any, ClassVar, Collection, Mapping, Sequence, TypedDict
 
 from twophase._redact import safe_repr
 from twophase.errors import ConfigurationError
 from twophase.log import TransactionLog
 from twophase.log_azure import AZURE_CLIENT_OPTIONS, AzureConfig, azure_config_from, parse_azure_url
 from twophase.log_s3 import open_log_store
-from twophase.naming import internal_rel
+from twophase.naming import internal_rel, part_name_prefix
 from twophase.options import Option, parse_list, parse_options, parse_size
 from twophase.sink import Committable, Guarantee, TransactionContext
 from twophase.sinks._azure import BlockBlobStream, check_container, commit_staged, drop_uncommitted, list_own_staged
@@ -168,6 +174,8 @@ class AzureBlobs(ObjectStore):
     """The Azure file sink's files: one block blob each (invariants 1-4; :mod:`twophase.sinks._azure`)."""
 
     kind = "azure"
+    #: the sweep lists the whole path at least every this many checkpoints (invariant 6)
+    FULL_SWEEP_EVERY = 50
 
     def __init__(self, sink: AzureFilesSink) -> None:
         self.sink = sink
@@ -207,6 +215,53 @@ class AzureBlobs(ObjectStore):
 
     def list_own(self, sink_id: str) -> list[tuple[str, str, int]]:
         return list_own_staged(self.client, self.sink.options.prefix, sink_id, self.sink.options.partition_by)
+
+    def list_own_for(self, sink_id: str, checkpoint_id: int, entries: Sequence[Mapping[str, Any]], *,
+                     recovering: bool = False) -> list[tuple[str, str, int]]:
+        """The listing of the sweep right after checkpoint ``n = checkpoint_id`` committed ``entries``: only
+        ``n``'s own names (prefix ``part-<token>-<n>-``) in each folder an entry is in and directly under the
+        path; the whole path (:meth:`list_own`) when ``n % FULL_SWEEP_EVERY == 0`` or ``recovering``.
+
+        Invariant 6 (nothing the whole listing of every batch found is missed). A straggler is a name of
+        this sink (its token, its layout) of a checkpoint ``c`` holding no data (staged blocks only, or an
+        abort's 0-byte blob); the old sweep after each commit ``m >= c`` listed the whole path and dropped it.
+
+        1. Safety is unchanged: a scoped listing returns a subset of the whole listing (its prefixes lie
+           under the path; the same :func:`~twophase.naming.own_part_rel` filter), and what is dropped of it
+           is decided as before (``c <= up_to``, not the checkpoint's own, ``drop_uncommitted`` never
+           deletes a committed blob with data).
+        2. A straggler of ``n`` staged before the listing, in a folder of one of ``n``'s committed blobs or
+           directly under the path, starts with ``<folder>/part-<token>-<n>-`` (:func:`part_name_prefix`),
+           so the scoped listing of ``n``'s own sweep returns it and it is dropped then, as before. This
+           is the common case: a loser attempt (retry, speculative copy, a failed run of the same batch)
+           reads the same input as the winner, so its rows go to the same partition folders.
+        3. Any other straggler (staged after that listing: a zombie attempt still running; in a folder no
+           committed blob of ``n`` is in; of an older checkpoint, staged late) is listed by the next whole
+           listing, which is taken (a) by the sweep of every checkpoint ``m`` with
+           ``m % FULL_SWEEP_EVERY == 0``: batch ids are consecutive and each batch's commit is followed by
+           its sweep, so at most ``FULL_SWEEP_EVERY`` batches later (the ids go on across restarts); (b) by
+           every sweep not right after its own commit's listing (a recovery that commits or sweeps, the
+           sweep of a checkpoint with no blobs, a failed scoped listing:
+           :meth:`ObjectStoreCommitter.abort_lingering` lists the whole path). A recovery after a clean stop
+           whose last commit was swept does not sweep: a straggler staged after that last sweep waits for (a)
+           in the next run, as one staged after the last whole listing did before. A sweep is best effort: one that
+           fails defers the drop to the next whole listing, as a failed sweep did before. It has ``c <= m``,
+           so it is dropped then (1). Until then it is invisible to readers (staged blocks are no blob), but
+           an abort's 0-byte blob stays up to ``FULL_SWEEP_EVERY`` batches longer than before; Azure drops
+           staged blocks after seven days whatever happens.
+
+        Cost per batch: ``2 * (folders of n + 1)`` List Blobs requests, whatever the path holds; the whole
+        listing (``2 * names / 5000`` requests) once per ``FULL_SWEEP_EVERY`` checkpoints."""
+        if recovering or checkpoint_id % self.FULL_SWEEP_EVERY == 0:
+            return self.list_own(sink_id)
+        key_prefix = f"{self.sink.options.prefix}/" if self.sink.options.prefix else ""
+        name = part_name_prefix(sink_id, checkpoint_id)
+        folders = {""}
+        for e in entries:
+            rel = str(e["name"])[len(key_prefix):]
+            folders.add(rel.rsplit("/", 1)[0] + "/" if "/" in rel else "")
+        return list_own_staged(self.client, self.sink.options.prefix, sink_id, self.sink.options.partition_by,
+                               [f + name for f in folders])
 
     def drop_own(self, pending: Collection[tuple[str, str, int]], up_to: int, keep_ids: Collection[str]) -> int:
         return sum(1 for name, _, cid in pending

@@ -52,6 +52,13 @@ def part_file_name(sink_id: str, checkpoint_id: int, task_id: str, attempt_uid: 
     return f"part-{sink_token(sink_id)}-{checkpoint_id:08d}-{task:>05}-{attempt_uid}-{seq:03d}.{ext}"
 
 
+def part_name_prefix(sink_id: str, checkpoint_id: int) -> str:
+    """``part-<token>-<checkpoint>-``: what every base name of the sink's files of ``checkpoint_id`` starts with
+    (:func:`part_file_name`), and no other checkpoint's (the checkpoint is followed by ``-``): a sweep lists
+    one checkpoint's names of a folder by this prefix."""
+    return f"part-{sink_token(sink_id)}-{checkpoint_id:08d}-"
+
+
 def own_part_checkpoint(name: str, sink_id: str) -> Optional[int]:
     """The checkpoint id of ``name`` (a base name) if this sink made it, else None."""
     m = _PART.match(name)

@@ -286,15 +286,18 @@ def test_azure_files_bad_destination_is_a_configuration_error_naming_the_option(
 
 @pytest.mark.parametrize("nested, outer_partition_by", [("eu", "p"), ("region=eu", "p"), ("region=eu", "")])
 def test_azure_files_sink_inv4_a_nested_destination_with_the_same_sink_id_is_never_swept(
-        azure_server: AzureServer, container: str, nested: str, outer_partition_by: str) -> None:
+        azure_server: AzureServer, container: str, nested: str, outer_partition_by: str, monkeypatch) -> None:
     """Two destinations, one inside the other (.../out and .../out/<nested>), given the same explicit sink.id:
     their names carry the same token and each has its own log. A's sweep lists out/, which holds B's staged
     blocks too; it takes only names where A puts its files (directly under out/, or under the folders of A's own
     partition columns), so B's pre-committed file survives and B commits it. ``region=eu`` is the
     one-job-per-partition layout: it looks like a Hive partition folder, but ``region`` is not A's partition
     column (A is partitioned by ``p``, or not at all). A's own crashed attempt (a runtime task id,
-    ``<uid>-<subtask>``) is still swept."""
+    ``<uid>-<subtask>``) is still swept. Every sweep here lists the whole path (FULL_SWEEP_EVERY = 1), the
+    listing that reaches the nested destination (a scoped one lists only A's checkpoint's own names)."""
     from concurrent.futures import ThreadPoolExecutor
+    from twophase.sinks.azure_files import AzureBlobs
+    monkeypatch.setattr(AzureBlobs, "FULL_SWEEP_EVERY", 1)
     a = make_sink(azure_server, container, **{"sink.id": "same", "partitionBy": outer_partition_by})
     b = file_sink_from_options({"path": azure_server.url(container, f"out/{nested}"), **azure_server.options(),
                                 "sink.id": "same"}, SCHEMA)
@@ -356,3 +359,88 @@ def test_azure_files_sink_inv3_an_abort_cut_between_its_two_requests_leaves_no_e
     assert foreign in left, "the sweep removed another sink's blob"
     svc.get_blob_client(container, f"out/{foreign}").delete_blob()
     assert read_ids(azure_server, container) == sorted(rows(1, 0).column("id").to_pylist())
+
+
+class _CountingContainer:
+    """The sink's container client, counting the names its List Blobs calls return (what a listing reads)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.listed = inner, 0
+
+    def list_blobs(self, *args: Any, **kwargs: Any) -> Any:
+        for b in self.inner.list_blobs(*args, **kwargs):
+            self.listed += 1
+            yield b
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def old_files(server: AzureServer, container: str, sink: AzureFilesSink, n: int, first_cid: int) -> None:
+    """``n`` committed 1-byte blobs with the sink's own names (checkpoints from ``first_cid``, both partition
+    folders): what months of earlier batches left under the path, made cheaply (a data file is never 0 bytes,
+    so the sweep must treat them as data)."""
+    from concurrent.futures import ThreadPoolExecutor
+    c = server.service().get_container_client(container)
+
+    def put(i: int) -> None:
+        name = part_file_name(sink.sink_id, first_cid + i // 10, str(i % 10), uuid.uuid4().hex[:12], 0, "parquet")
+        c.upload_blob(f"out/p={'even' if i % 2 else 'odd'}/{name}", b"x")
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(put, range(n)))
+
+
+def test_azure_files_sink_inv6_a_batchs_sweep_lists_no_more_as_old_files_grow(azure_server: AzureServer,
+                                                                              container: str) -> None:
+    """The sweep right after a batch's commit lists what that batch can have touched, not the path: its
+    listings return at most the batch's own files (twice), with 0 and with 400 old committed files of the sink
+    under the path (the whole-path listing of every batch returned every one of them, twice). The old files
+    are all still there."""
+    sink = make_sink(azure_server, container)
+    coord = coordinator(sink)
+    counting = _CountingContainer(sink.store.client)
+    sink.store._client = counting
+    coord.complete_batch(1, [run_task(sink, TransactionContext(sink.sink_id, 1, "0"), [rows(1, 0)])])
+
+    def listed_by_batch(cid: int) -> int:
+        """Names the batch's sweep listed, at most its own files twice (the listing runs beside the commits:
+        a file is listed by the first listing, the second, or both, as the race goes)."""
+        ack = run_task(sink, TransactionContext(sink.sink_id, cid, "0"), [rows(cid, 0)])
+        before = counting.listed
+        assert coord.complete_batch(cid, [ack]) == "COMMITTED"
+        listed = counting.listed - before
+        assert listed <= 2 * len(ack.handle["blobs"]), f"batch {cid}'s sweep listed {listed} names"
+        return listed
+
+    listed_by_batch(2)
+    old_files(azure_server, container, sink, 400, 1000)
+    committed = names(azure_server, container, uncommitted=False)
+    listed_by_batch(3)
+    assert committed <= names(azure_server, container, uncommitted=False), "an old data file was swept"
+
+
+def test_azure_files_sink_inv6_a_straggler_the_scoped_sweep_cannot_see_goes_at_the_next_whole_listing(
+        azure_server: AzureServer, container: str, monkeypatch) -> None:
+    """Invariant 6, the case a scoped listing cannot cover: a zombie attempt of checkpoint 1 stages blocks
+    AFTER checkpoint 1's sweep, under a partition folder no batch of this run wrote (p=zombie); and a
+    straggler of checkpoint 2 in a folder checkpoint 2 wrote is dropped at once by 2's scoped sweep. With
+    FULL_SWEEP_EVERY = 4, the zombie survives the scoped sweeps of 2 and 3 (it is invisible: staged blocks
+    only) and is gone after checkpoint 4's sweep, the whole listing; nothing committed is touched."""
+    from twophase.sinks.azure_files import AzureBlobs
+    monkeypatch.setattr(AzureBlobs, "FULL_SWEEP_EVERY", 4)
+    sink = make_sink(azure_server, container)
+    coord = coordinator(sink)
+    assert coord.complete_batch(1, [run_task(sink, TransactionContext(sink.sink_id, 1, "0"), [rows(1, 0)])]) == "COMMITTED"
+    zombie = stage_only(sink, 1, "p=zombie")
+    loser = stage_only(sink, 2, "p=even")
+    ack2 = run_task(sink, TransactionContext(sink.sink_id, 2, "0"), [rows(2, 0)])
+    assert coord.complete_batch(2, [ack2]) == "COMMITTED"
+    left = names(azure_server, container, uncommitted=True)
+    assert loser not in left, "the scoped sweep missed a loser of its own checkpoint in a folder it wrote"
+    assert zombie in left
+    assert coord.complete_batch(3, [run_task(sink, TransactionContext(sink.sink_id, 3, "0"), [rows(3, 0)])]) == "COMMITTED"
+    assert zombie in names(azure_server, container, uncommitted=True)
+    assert coord.complete_batch(4, [run_task(sink, TransactionContext(sink.sink_id, 4, "0"), [rows(4, 0)])]) == "COMMITTED"
+    assert zombie not in names(azure_server, container, uncommitted=True), "the whole listing missed the zombie"
+    assert read_ids(azure_server, container) == sorted(i for c in (1, 2, 3, 4) for i in rows(c, 0).column("id").to_pylist())
