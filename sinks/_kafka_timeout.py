@@ -148,3 +148,24 @@ def check_timeout_against_trigger(timeout_ms: int, interval_ms: int, *, chosen: 
         f"twophase-kafka: {what} is shorter than two trigger intervals ({interval_ms} ms): the broker would abort "
         "prepared transactions before the driver commits them (data loss). Raise kafka.transaction.timeout.ms "
         "(<= the brokers' transaction.max.timeout.ms) or shorten the trigger")
+
+
+def check_delivery_timeout(delivery_ms: int, timeout_ms: int, *, chosen: bool = False) -> None:
+    """An explicit ``kafka.delivery.timeout.ms`` above the transaction timeout is refused: librdkafka requires
+    ``delivery.timeout.ms <= transaction.timeout.ms`` (a record may not outlive its transaction). One the user did
+    not set is clamped instead (:func:`delivery_timeout_for`)."""
+    if delivery_ms <= timeout_ms:
+        return
+    what = (f"the largest transaction timeout the brokers accept ({timeout_ms} ms, chosen because "
+            "kafka.transaction.timeout.ms is not set)" if chosen else f"kafka.transaction.timeout.ms={timeout_ms}")
+    raise ConfigurationError(
+        f"twophase-kafka: kafka.delivery.timeout.ms={delivery_ms} is above {what}: a record must be delivered "
+        "within its transaction (librdkafka refuses delivery.timeout.ms > transaction.timeout.ms). Lower "
+        f"kafka.delivery.timeout.ms to at most {timeout_ms}, or raise kafka.transaction.timeout.ms (<= the brokers' "
+        "transaction.max.timeout.ms)")
+
+
+def delivery_timeout_for(explicit_ms: Optional[int], client_default_ms: int, timeout_ms: int) -> int:
+    """The delivery timeout a transactional producer gets: the user's (checked by :func:`check_delivery_timeout`),
+    else the client's default clamped to the transaction timeout."""
+    return explicit_ms if explicit_ms is not None else min(client_default_ms, timeout_ms)

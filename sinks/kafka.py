@@ -142,8 +142,9 @@ from twophase.errors import (ConcurrentWriterError, ConfigurationError, FencedEr
 from twophase.log import LogStore, TransactionLog, decode_record, encode_record
 from twophase.log_s3 import S3_CLIENT_OPTIONS, S3Config, is_s3_url, open_log_store, parse_s3_url, s3_config_from
 from twophase.options import Option, parse_choice, parse_duration_ms, parse_positive_int, parse_options
-from twophase.sinks._kafka_timeout import (CACHE as _TIMEOUT_CACHE, check_timeout_against_trigger,
-                                          choose_default_timeout, chosen_timeout, timeout_accepted)
+from twophase.sinks._kafka_timeout import (CACHE as _TIMEOUT_CACHE, check_delivery_timeout,
+                                          check_timeout_against_trigger, choose_default_timeout, chosen_timeout,
+                                          delivery_timeout_for, timeout_accepted)
 from twophase.sink import (Committable, CommitResult, CommitStatus, Guarantee, SinkCommitter, SinkSpec, SinkWriter,
                            TransactionContext, sink_token, write_identity, write_sink_id)
 
@@ -305,6 +306,8 @@ class KafkaSinkOptions:
         interval = o["triggerInterval"]
         if interval is not None and guarantee is Guarantee.EXACTLY_ONCE and timeout_explicit:
             check_timeout_against_trigger(timeout, interval)
+        if guarantee is Guarantee.EXACTLY_ONCE and timeout_explicit and "delivery_timeout_ms" in cfg:
+            check_delivery_timeout(cfg["delivery_timeout_ms"], timeout)
         return cls(bootstrap_servers=tuple(cfg["bootstrap_servers"]), topic=o["topic"], producer_config=cfg,
                    transactional_id_prefix=prefix, attempt_slots=o["transactionalIdAttempts"],
                    transaction_timeout_ms=timeout, transaction_timeout_explicit=timeout_explicit,
@@ -538,10 +541,18 @@ class KafkaSink(SinkSpec[KafkaCommittable]):
                                                transaction_timeout_explicit=True)
             if self.options.trigger_interval_ms is not None:
                 check_timeout_against_trigger(chosen, self.options.trigger_interval_ms, chosen=True)
+            if "delivery_timeout_ms" in self.options.producer_config:
+                check_delivery_timeout(self.options.producer_config["delivery_timeout_ms"], chosen, chosen=True)
             return
         if not timeout_accepted(client, f"{self.prefix}-timeout-check", self.options.transaction_timeout_ms,
                                 key=self._timeout_key()):
             raise self._timeout_refused()
+
+    def delivery_timeout_ms(self, client_default_ms: int) -> int:
+        """A transactional producer's delivery timeout: ``kafka.delivery.timeout.ms`` if set (refused above the
+        transaction timeout by the start check), else the client's default clamped to the transaction timeout."""
+        return delivery_timeout_for(self.options.producer_config.get("delivery_timeout_ms"), client_default_ms,
+                                    self.effective_timeout_ms())
 
     def _timeout_key(self) -> Any:
         """The key of this sink's brokers' answers in :data:`twophase.sinks._kafka_timeout.CACHE`."""
@@ -874,7 +885,9 @@ class KafkaPythonWriter(_KafkaWriterBase):
         # flight: the default 100 ms makes init_transactions take ~0.25 s, 20 ms ~0.08 s (measured)
         cfg.setdefault("retry_backoff_ms", 20)
         if transactional_id is not None:
-            cfg.update(transactional_id=transactional_id, transaction_timeout_ms=self.sink.effective_timeout_ms())
+            cfg.update(transactional_id=transactional_id, transaction_timeout_ms=self.sink.effective_timeout_ms(),
+                       delivery_timeout_ms=self.sink.delivery_timeout_ms(
+                           KafkaProducer.DEFAULT_CONFIG["delivery_timeout_ms"]))
         else:
             cfg.setdefault("enable_idempotence", True)
         try:
@@ -1047,6 +1060,9 @@ class RdKafkaTransaction:
 
 #: the Python logger librdkafka's log lines go to
 LIBRDKAFKA_LOGGER = "twophase.sinks.kafka.librdkafka"
+#: librdkafka's default ``delivery.timeout.ms`` (``message.timeout.ms``)
+LIBRDKAFKA_DELIVERY_TIMEOUT_MS = 300_000
+
 #: records produced between two ``poll(0)`` calls (delivery reports hold queue space until served)
 _POLL_EVERY = 5000
 
@@ -1089,6 +1105,7 @@ class KafkaWriter(_KafkaWriterBase):
         if txn.transactional_id is not None:
             cfg.update({"transactional.id": txn.transactional_id,
                         "transaction.timeout.ms": self.sink.effective_timeout_ms(),
+                        "delivery.timeout.ms": self.sink.delivery_timeout_ms(LIBRDKAFKA_DELIVERY_TIMEOUT_MS),
                         "statistics.interval.ms": self.STATS_INTERVAL_MS, "stats_cb": txn.on_stats})
         else:
             cfg.setdefault("enable.idempotence", True)
@@ -1143,7 +1160,7 @@ class KafkaWriter(_KafkaWriterBase):
         """``produce`` after a BufferError (queue full): serve delivery reports until there is room,
         bounded by the delivery timeout (expired records leave the queue as failed reports)."""
         producer = self.txn.producer
-        limit = float(self.options.producer_config.get("delivery_timeout_ms", 300_000)) / 1000 + 60
+        limit = float(self.options.producer_config.get("delivery_timeout_ms", LIBRDKAFKA_DELIVERY_TIMEOUT_MS)) / 1000 + 60
         deadline = time.monotonic() + limit
         while True:
             producer.poll(0.05)

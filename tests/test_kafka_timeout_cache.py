@@ -98,3 +98,50 @@ def test_k1_the_sinks_start_check_asks_again_once_the_brokers_refused(monkeypatc
     second = KafkaSink.from_options(BASE, SCHEMA)   # the query restarted in the same driver, within the TTL
     second._check_transaction_timeout(brokers)
     assert second.options.transaction_timeout_ms == 900_000
+
+
+# ---- K2: delivery.timeout.ms <= transaction.timeout.ms (librdkafka refuses a producer otherwise)
+
+def test_k2_an_explicit_delivery_timeout_above_an_explicit_transaction_timeout_is_refused_naming_both() -> None:
+    from twophase.errors import ConfigurationError
+    raw = {**BASE, "kafka.transaction.timeout.ms": "60000", "kafka.delivery.timeout.ms": "120000"}
+    with pytest.raises(ConfigurationError, match=r"kafka\.delivery\.timeout\.ms=120000.*kafka\.transaction\.timeout"
+                                                 r"\.ms=60000"):
+        KafkaSink.from_options(raw, SCHEMA)
+    ok = KafkaSink.from_options({**raw, "kafka.delivery.timeout.ms": "60000"}, SCHEMA)
+    assert ok.delivery_timeout_ms(300_000) == 60_000
+
+
+def test_k2_an_explicit_delivery_timeout_above_the_chosen_transaction_timeout_is_refused_at_start(monkeypatch) -> None:
+    from twophase.errors import ConfigurationError
+    monkeypatch.setattr(kt, "CACHE", kt.TimeoutCache(clock=Clock()))
+    import twophase.sinks.kafka as kafka_sink
+    monkeypatch.setattr(kafka_sink, "_TIMEOUT_CACHE", kt.CACHE)
+    sink = KafkaSink.from_options({**BASE, "kafka.delivery.timeout.ms": "300000"}, SCHEMA)
+    with pytest.raises(ConfigurationError, match=r"kafka\.delivery\.timeout\.ms=300000.*brokers accept \(120000 ms"):
+        sink._check_transaction_timeout(Brokers(120_000))
+
+
+def test_k2_an_unset_delivery_timeout_is_clamped_to_the_transaction_timeout(monkeypatch) -> None:
+    monkeypatch.setattr(kt, "CACHE", kt.TimeoutCache(clock=Clock()))
+    import twophase.sinks.kafka as kafka_sink
+    monkeypatch.setattr(kafka_sink, "_TIMEOUT_CACHE", kt.CACHE)
+    sink = KafkaSink.from_options(BASE, SCHEMA)
+    sink._check_transaction_timeout(Brokers(120_000))
+    assert sink.delivery_timeout_ms(kafka_sink.LIBRDKAFKA_DELIVERY_TIMEOUT_MS) == 120_000  # librdkafka's 300 s
+    assert sink.delivery_timeout_ms(120_000) == 120_000
+    kt.CACHE.forget(sink._timeout_key())           # other brokers (a new cache entry)
+    big = KafkaSink.from_options(BASE, SCHEMA)
+    big._check_transaction_timeout(Brokers(3_600_000))
+    assert big.delivery_timeout_ms(300_000) == 300_000
+
+
+def test_k2_librdkafka_takes_the_clamped_delivery_timeout_with_the_chosen_transaction_timeout() -> None:
+    confluent_kafka = pytest.importorskip("confluent_kafka")
+    import twophase.sinks.kafka as kafka_sink
+    sink = KafkaSink.from_options({**BASE, "kafka.transaction.timeout.ms": "60000"}, SCHEMA)
+    producer = confluent_kafka.Producer({
+        "bootstrap.servers": "127.0.0.1:1", "transactional.id": "t", "transaction.timeout.ms": 60_000,
+        "delivery.timeout.ms": sink.delivery_timeout_ms(kafka_sink.LIBRDKAFKA_DELIVERY_TIMEOUT_MS),
+        "logger": __import__("logging").getLogger("test.rdkafka")})
+    del producer
