@@ -50,7 +50,7 @@ start() {
     voters+="${voters:+,}$i@127.0.0.1:$(cat "$dir/b$i/cport")"
   done
   local rf=$(( n < 3 ? n : 3 )) isr=$(( n < 3 ? 1 : 2 ))
-  local cid; cid=$("$PY" -c 'import base64,uuid; print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))')
+  local cid; cid=$(bash "$ROOT/scripts/kafka_server.sh" cluster-id)  # never starting with '-' (see there)
   for i in $(seq 1 "$n"); do
     local b="$dir/b$i" port cport; port=$(cat "$dir/b$i/port"); cport=$(cat "$dir/b$i/cport")
     cat > "$b/server.properties" <<PROPS

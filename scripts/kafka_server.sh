@@ -7,6 +7,7 @@
 #                                                 the bootstrap servers; broker settings are Kafka's defaults unless
 #                                                 given as KEY=VALUE (e.g. transaction.max.timeout.ms=3600000)
 #   scripts/kafka_server.sh stop DIR              stop it by its PID (DIR/kafka.pid)
+#   scripts/kafka_server.sh cluster-id [N]        print N KRaft cluster ids (never starting with '-')
 # KAFKA_VERSION picks the release (default below; 3.9.1 for the 3.x line). Nothing is downloaded by URL.
 # KAFKA_EXTRA_LISTENERS (e.g. SASL_PLAINTEXT://127.0.0.1:9093) is appended to listeners= (the controller port is
 # chosen here); give their advertised.listeners / listener.security.protocol.map as KEY=VALUE (the last line wins).
@@ -23,6 +24,17 @@ fetch() {
       -DincludeScope=runtime -DoutputDirectory="$JARS" >&2
   touch "$JARS/.complete"
 }
+
+# A KRaft cluster id: 16 random bytes, URL-safe base64 without padding, never starting with '-' (Kafka's own
+# Uuid.randomUuid rule): `StorageTool format -t -xyz...` reads such an id as an option and prints its usage
+# (1 in 64 ids; it failed a start of the secured broker once). `cluster-id [N]` prints N of them.
+cluster_id() { "$ROOT/.venv/bin/python" -c '
+import base64, sys, uuid
+for _ in range(int(sys.argv[1])):
+    c = "-"
+    while c.startswith("-"):
+        c = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    print(c)' "${1:-1}"; }
 
 free_port() { "$ROOT/.venv/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
@@ -59,7 +71,7 @@ appender.out.layout.pattern=[%d] %p %m (%c)%n
 PROPS
   local java=(java -Xms256m -Xmx512m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Dlog4j2.configurationFile="$dir/log4j2.properties" -cp "$JARS/*")
   if [ ! -f "$dir/data/meta.properties" ]; then
-    local cid; cid=$("$ROOT/.venv/bin/python" -c 'import base64,uuid; print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))')
+    local cid; cid=$(cluster_id)
     "${java[@]}" kafka.tools.StorageTool format -t "$cid" -c "$dir/server.properties" > "$dir/format.log" 2>&1 \
       || { cat "$dir/format.log" >&2; exit 1; }
   fi
@@ -90,5 +102,6 @@ case "${1:-}" in
   fetch) fetch ;;
   start) shift; start "$@" ;;
   stop) shift; stop "$@" ;;
-  *) echo "usage: $0 fetch | start DIR [PORT] [KEY=VALUE...] | stop DIR" >&2; exit 2 ;;
+  cluster-id) shift; cluster_id "$@" ;;
+  *) echo "usage: $0 fetch | start DIR [PORT] [KEY=VALUE...] | stop DIR | cluster-id [N]" >&2; exit 2 ;;
 esac
