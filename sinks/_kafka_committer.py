@@ -1,0 +1,164 @@
+"""The Kafka sink's driver side (steps 4-5 of :mod:`twophase.sinks.kafka`): :class:`KafkaCommitter` ends prepared
+transactions with EndTxn (commit / abort) over the driver's own connection, tells a fenced epoch's committed data
+from lost data, checks a handle's age against the transaction timeout (invariant 7), and fences lingering ids.
+Its one concern: deciding the transactions the writers prepared; the invariants are stated in
+:mod:`twophase.sinks.kafka`."""
+
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+from twophase._logging import get_logger
+from twophase.errors import ConfigurationError
+from twophase.sink import CommitResult, CommitStatus, Guarantee, SinkCommitter
+
+from twophase.sinks.kafka import BLOCK_AGE_FRACTION, SINK, WARN_AGE_FRACTION, KafkaCommittable, KafkaSink
+
+_log = get_logger('twophase.sinks.kafka')  # the public module's logger name: users' log filters keep working
+
+
+class KafkaCommitter(SinkCommitter[KafkaCommittable]):
+    """Driver side (steps 4-5): EndTxn(commit / abort) over the driver's own connection; fences lingering ids."""
+
+    committable_type = KafkaCommittable
+
+    def __init__(self, sink: KafkaSink) -> None:
+        self.sink = sink
+        self.options = sink.options
+        self.commit_parallelism = sink.options.commit_parallelism
+
+    def commit(self, committable: KafkaCommittable, *, recovering: bool = False) -> CommitResult[KafkaCommittable]:
+        """EndTxn(commit) with the committable's id, producer id and epoch (invariant 2).
+
+        A fenced epoch is told apart with a read_committed reader: visible is ALREADY_COMMITTED, missing is
+        LOST (the detail names the operator command). The broker answers a repeated EndTxn with the same
+        epoch with success too, so a second commit of a still-current epoch is reported COMMITTED: both
+        are idempotent, nothing is written twice. Transient errors raise (the commit is retried).
+        """
+        c = committable
+        if c.guarantee == Guarantee.AT_LEAST_ONCE.value or not c.partitions:
+            return CommitResult(c, CommitStatus.COMMITTED)
+        from twophase.sinks._kafka_txn import EndTxnOutcome, verify_committed
+        self._check_age(c, recovering=recovering)
+        outcome = self.sink._client().end_txn(c.transactional_id, int(c.producer_id), int(c.epoch), commit=True)
+        if outcome is EndTxnOutcome.OK:
+            self.sink._forget(c.transactional_id, int(c.epoch))
+            return CommitResult(c, CommitStatus.COMMITTED)
+        missing = verify_committed(self.options.connection_config(), c.partitions)
+        if not missing:
+            _log.info("commit_already_done", transactional_id=c.transactional_id, checkpoint_id=c.checkpoint_id)
+            self.sink._forget(c.transactional_id, int(c.epoch))
+            return CommitResult(c, CommitStatus.ALREADY_COMMITTED)
+        age_s = time.time() - float(c.began_at if c.began_at is not None else time.time())
+        try:
+            location = self.sink.log_location()
+        except ConfigurationError:
+            location = "<log location>"
+        return CommitResult(c, CommitStatus.LOST, (
+            f"{SINK}: checkpoint {c.checkpoint_id} task {c.task_id}: the prepared transaction "
+            f"{c.transactional_id!r} (producer id {c.producer_id}, epoch {c.epoch}) was "
+            f"aborted by the broker (expired after kafka.transaction.timeout.ms={c.timeout_ms} ms, or "
+            f"fenced) before the driver could commit it; {c.records} records in partitions "
+            f"{', '.join(missing)} are lost (transaction age {age_s:.0f}s). This checkpoint can never commit: after "
+            f"re-producing or giving up that data, record the loss with: twophase log resolve {location} "
+            f"--sink-id {self.sink.sink_id} --checkpoint {c.checkpoint_id} --accept-loss"))
+
+    def _check_age(self, committable: KafkaCommittable, *, recovering: bool = False) -> None:
+        """Invariant 7: the measured age of a committable at commit against its transaction timeout.
+
+        A commit made by recovery (the driver restarted after an outage) measures the outage, not the batch:
+        it warns with the age reached and never raises the alarm that would stop the next, healthy batch."""
+        began, timeout = committable.began_at, committable.timeout_ms
+        if not began or not timeout:
+            return
+        age_ms = (time.time() - float(began)) * 1000
+        if age_ms <= WARN_AGE_FRACTION * float(timeout):
+            return
+        if recovering:
+            _log.warning("transaction_aged_by_outage", transactional_id=committable.transactional_id,
+                         checkpoint_id=committable.checkpoint_id, age_ms=round(age_ms), transaction_timeout_ms=timeout,
+                         meaning="recovery commits a batch decided before the driver stopped: its age is the outage; "
+                                 "an outage longer than kafka.transaction.timeout.ms loses the batch (DataLossError)")
+            return
+        _log.warning("transaction_near_timeout", transactional_id=committable.transactional_id,
+                     checkpoint_id=committable.checkpoint_id, age_ms=round(age_ms), transaction_timeout_ms=timeout,
+                     hint="raise kafka.transaction.timeout.ms (and the brokers' transaction.max.timeout.ms) "
+                          "or make batches shorter")
+        if age_ms > BLOCK_AGE_FRACTION * float(timeout):
+            self.sink._raise_alarm(committable, age_ms, timeout)
+            _log.error("transaction_timeout_danger", transactional_id=committable.transactional_id,
+                       checkpoint_id=committable.checkpoint_id, age_ms=round(age_ms),
+                       transaction_timeout_ms=timeout, next_batch="refused until the timeout is raised")
+
+    def abort(self, committable: KafkaCommittable, *, recovering: bool = False) -> None:
+        """EndTxn(abort); a fenced epoch means it is already ended (invariant 3)."""
+        c = committable
+        if c.guarantee == Guarantee.AT_LEAST_ONCE.value or not c.transactional_id:
+            return
+        if not c.partitions:
+            self.sink._forget(c.transactional_id, c.epoch)
+            return
+        self.sink._client().end_txn(c.transactional_id, int(c.producer_id), int(c.epoch), commit=False)
+        self.sink._forget(c.transactional_id, int(c.epoch))
+
+    def abort_lingering(self, up_to_checkpoint: int, highest_committed: Optional[int] = None) -> int:
+        """Fence open transactions of generation ``n mod 2`` under the prefix, n = min(up_to, highest committed).
+
+        Clamping to the highest COMMITTED checkpoint (the coordinator passes it) keeps a re-run of an
+        ABORTED checkpoint id (which Spark does after a failed batch) from being fenced by the recovery
+        that precedes its commit. Nothing committed yet: nothing is fenced. A batch write's ids carry the run:
+        its sweep fences runs ``<= up_to`` (a later run of the write may be in flight), unclamped.
+        """
+        if self.sink.guarantee is Guarantee.AT_LEAST_ONCE:
+            return 0
+        write_job = self.options.write_job
+        if write_job:  # a batch write's ids are runs, never re-attempted: no clamp needed
+            n = up_to_checkpoint
+        elif highest_committed is None:
+            return 0
+        else:
+            n = min(up_to_checkpoint, highest_committed)
+        generation = n % 2
+        kept = self.sink._live_above(n)  # invariant 4: undecided ids of newer checkpoints begun in this process
+        client = self.sink._client()
+        listed = client.list_transactions(self.sink.prefix + "-")
+        if listed is not None:
+            ids = sorted({tid for tid, _pid, _state in listed})
+        else:
+            ids = self._known_id_space(n)
+        fenced = 0
+        for tid in ids:
+            parsed = self.sink._parse_id(tid)
+            # a batch write's ids carry the run: only runs <= n (a later run may be in flight: write_job invariant 3)
+            if parsed is None or (parsed[1] > n if write_job else parsed[1] != generation) or tid in kept:
+                continue
+            client.fence(tid, self.sink.effective_timeout_ms())
+            fenced += 1
+        if fenced:
+            _log.info("lingering_aborted", sink_id=self.sink.sink_id, generation=generation, up_to=n, fenced=fenced,
+                      listed=listed is not None)
+        return fenced
+
+    def _known_id_space(self, up_to: Optional[int] = None) -> list[str]:
+        """Every id the sink may have used: tasks seen in the log x 2 generations x slots (Spark
+        partitions 0..max seen; runtime handles ``{"task", "txns": [...]}`` name their tasks); for a batch
+        write, x its runs ``0..up_to`` (else up to the highest run in its log) instead of generations.
+
+        The one place the committer reads the transaction log, and only where the broker cannot list
+        transactions (Kafka < 3.0): the log's handles are the only record of which task ids wrote
+        under the prefix. It reads task ids only, never a record's state."""
+        partitions, tasks, runs = 0, set(), -1
+        for rec in self.sink.transaction_log().records():
+            runs = max(runs, rec.checkpoint_id)
+            for h in rec.handles.values():
+                for inner in [h, *(h.get("txns") or ())]:
+                    task = str(inner.get("task_id", ""))
+                    if task.isdigit():
+                        partitions = max(partitions, int(task) + 1)
+                    elif task:
+                        tasks.add(task)
+        tasks |= {str(p) for p in range(partitions)}
+        checkpoints = range((runs if up_to is None else up_to) + 1) if self.options.write_job else (0, 1)
+        return [self.sink.transactional_id(t, g, a) for t in sorted(tasks) for g in checkpoints
+                for a in range(self.options.attempt_slots)]
