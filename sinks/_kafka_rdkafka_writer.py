@@ -22,7 +22,8 @@ from twophase._redact import redact_error
 from twophase.errors import ConfigurationError, MissingDependencyError, TransientSinkError
 from twophase.sink import Guarantee, TransactionContext
 
-from twophase.sinks.kafka import SINK, KafkaCommittable, KafkaPartition, _KafkaWriterBase
+from twophase.sinks._kafka_writer import _KafkaWriterBase
+from twophase.sinks.kafka import SINK, KafkaCommittable, KafkaPartition
 
 _log = get_logger('twophase.sinks.kafka')  # the public module's logger name: users' log filters keep working
 
