@@ -12,7 +12,8 @@ from twophase.errors import DataLossError
 from twophase.runtime.sources import Source
 from twophase.sources._kafka_offsets import Offsets
 from twophase.sources._kafka_source_options import SOURCE, KafkaSourceOptions
-from twophase.sources.kafka import _PAST_THE_END, KafkaOffsetReader, _consumer, _RdKafkaPartition, records_lost
+from twophase.sources._kafka_split_reader import _PAST_THE_END, _RdKafkaPartition
+from twophase.sources.kafka import KafkaOffsetReader, _consumer, records_lost
 
 
 class _KafkaPartitionReader:

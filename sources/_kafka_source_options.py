@@ -281,6 +281,7 @@ class KafkaSourceOptions:
                 "logger": logging.getLogger(LIBRDKAFKA_LOGGER)}
 
 
+#: librdkafka consumer defaults of the source (a ``kafka.*`` option overrides any of them)
 RDKAFKA_CONSUMER_DEFAULTS: dict[str, Any] = {"fetch.max.bytes": 64 << 20, "max.partition.fetch.bytes": 8 << 20}
 #: the logger librdkafka's own log lines go to (served inside consume)
 LIBRDKAFKA_LOGGER = "twophase.sources.kafka.librdkafka"
