@@ -6,6 +6,13 @@ the prefix claim, the timeout alarm, the log's location, the shared admin client
 :class:`KafkaCommitter` ends transactions from the driver (steps 4-5); :class:`KafkaCommittable` is
 the prepared transaction's handle.
 
+Files (one concern each; every name is importable from this module as before): this module holds the
+protocol and its invariants, the transactional id scheme, the committable and :class:`KafkaSink` (the start
+check, the timeout alarm, the prefix registry); ``_kafka_options`` the options (:class:`KafkaSinkOptions`);
+``_kafka_writer`` what both writers share (the id's choice and ownership); ``_kafka_rdkafka_writer`` and
+``_kafka_python_writer`` the two producers; ``_kafka_committer`` the driver's EndTxn; ``_kafka_txn`` the raw
+coordinator requests; ``_kafka_timeout`` the transaction timeout the brokers accept.
+
 Protocol (``# step N`` in the code):
 
 1. begin (executor, when the writer is created): pick the task's transactional id (see below: a slot probed with

@@ -9,6 +9,11 @@
 - :class:`KafkaSplitReader` (executor): the records of one :class:`~twophase.sources._kafka_offsets.KafkaSplit`
   as Arrow record batches with the schema of Spark's Kafka source.
 
+Files (one concern each; every name is importable from this module as before): this module holds the
+driver (:class:`KafkaOffsetReader`, :class:`KafkaSource`) and the invariants; ``_kafka_source_options`` the
+options and schemas; ``_kafka_offsets`` the offset arithmetic (no client); ``_kafka_split_reader`` the
+executor's reader; ``_kafka_runtime`` the embedded runtime's adapter (:func:`runtime_source`).
+
 No consumer group is joined and no offset is ever committed: the offsets live in the job's checkpoint.
 ``kafka.group.id`` (or ``groupIdPrefix``) only names the consumers to the brokers (ACLs on groups).
 
