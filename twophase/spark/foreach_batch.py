@@ -39,6 +39,8 @@ def foreach_batch(sink: SinkSpec[Any], *, owner: str | None = None) -> Callable[
         elif hasattr(sink, "check_spark_schema"):  # a sink with no format of its own (twophase-postgres)
             sink.check_spark_schema(df.schema)
         prepare_sink(sink, owner, what="foreach_batch")
+        if hasattr(sink, "before_batch_tasks"):  # recovered, no task of this batch started yet (twophase-postgres)
+            sink.before_batch_tasks(batch_id)
 
         def task(batches: Iterator[Any]) -> Iterator[Any]:
             import pyarrow as pa
