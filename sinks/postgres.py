@@ -56,7 +56,7 @@ from twophase._logging import get_logger
 from twophase._redact import redact_text, redact_values
 from twophase.errors import (ConfigurationError, ConstraintViolationError, DataLossError, MissingDependencyError,
                              TransientSinkError)
-from twophase.sink import CommitStatus, TransactionContext, sink_token
+from twophase.sink import CommitStatus, Guarantee, TransactionContext, sink_token
 from twophase.user_sink import TwoPhaseCommitSink, _UserCommitter
 
 _log = get_logger(__name__)
@@ -626,6 +626,38 @@ class PostgresSink(TwoPhaseCommitSink[dict]):
             pass  # never prepared, rolled back before, or committed: nothing of ours to discard
         except psycopg.Error as e:
             raise self._error(e, f"ROLLBACK PREPARED '{gid}'") from None
+
+    def before_batch_tasks(self, checkpoint_id: int) -> int:
+        """Driver, after recovery and before any task of batch ``checkpoint_id`` starts (``foreach_batch``): roll
+        back this sink's prepared transactions of checkpoints ``>= checkpoint_id``; returns how many.
+
+        Each is an attempt of an earlier run that died after PREPARE and before its ack reached a COMPLETED
+        record (recovery committed every COMPLETED one): nothing can commit it any more. The sweep takes such
+        a gid only once a checkpoint ``>=`` it commits, but until then it holds its row locks, so with a unique
+        index (upsertKeys, or a primary key in append mode) every task of the re-run batch writing one of its
+        keys waited ``lockTimeout`` and failed: the batch could never pass. Not for an engine whose recovery
+        can run after the batch's tasks prepared (a Spark format's commit worker)."""
+        if self.guarantee is not Guarantee.EXACTLY_ONCE:
+            return 0
+        psycopg = _psycopg()
+        rolled = 0
+        try:
+            conn = self._driver_conn()
+            for gid in self.prepared():
+                cid = self.own_checkpoint(gid)
+                if cid is None or cid < checkpoint_id:
+                    continue
+                try:
+                    conn.execute(f"ROLLBACK PREPARED '{gid}'")
+                    rolled += 1
+                except psycopg.errors.UndefinedObject:
+                    pass
+        except psycopg.Error as e:
+            raise self._error(e, "rolling back prepared transactions of an earlier run of the batch") from None
+        if rolled:
+            _log.info("postgres_dead_attempts_rolled_back", sink_id=self.sink_id, checkpoint_id=checkpoint_id,
+                      transactions=rolled)
+        return rolled
 
     def create_committer(self) -> "_PostgresCommitter":
         self._check_init()

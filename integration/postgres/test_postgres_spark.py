@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 
+import pyarrow as pa
 import pytest
 
 from integration.fileio import check_exactly_once, make_input, run_foreach_batch
@@ -54,3 +55,28 @@ def test_pg_spark_a_column_the_table_cannot_take_is_refused_on_the_driver(spark,
     assert "ConfigurationError" in str(e.value) or isinstance(e.value, ConfigurationError)
     assert "'grp'" in str(e.value) and "cannot write" in str(e.value)
     assert pg.ids(table) == [] and pg.prepared(sink.gid_prefix) == []
+
+
+def test_pg_spark_a_dead_attempt_of_an_earlier_run_does_not_block_the_rerun_batch(spark, pg, tmp_path):
+    """Review finding: a run died after a task's PREPARE and before its ack (no COMPLETED record), so recovery
+    does not commit it and the sweep (checkpoints <= the highest committed) does not take it. Its prepared
+    transaction holds its primary keys; the re-run batch's task inserting them waited lockTimeout and failed
+    on every retry and restart. Now foreach_batch rolls the batch's leftovers back before its tasks start."""
+    from twophase.sink import TransactionContext
+    from twophase.spark import foreach_batch
+    table = pg.new_table("id bigint PRIMARY KEY, grp text, payload text")
+    inp, ck = str(tmp_path / "in"), str(tmp_path / "ck")
+    ids = make_input(inp, 2, 5)
+    dead = PostgresSink(url=pg.url, table=table, sink_id="pg-spark-dead", log_location=str(tmp_path / "dead"))
+    for cid, lo in ((0, 0), (1, 5)):  # one dead attempt in each batch, holding keys the re-run writes
+        txn = dead.begin_transaction(TransactionContext("pg-spark-dead", cid, "0"))
+        dead.write(txn, pa.RecordBatch.from_pydict({"id": [lo, lo + 1], "grp": ["x", "x"], "payload": ["d", "d"]}))
+        dead.pre_commit(txn)
+    assert len(pg.prepared(dead.gid_prefix)) == 2
+    sink = PostgresSink(url=pg.url, table=table, sink_id="pg-spark-dead", lockTimeout=2)
+    run_foreach_batch(spark, inp, foreach_batch(sink, owner=ck), ck)
+    report = check_exactly_once(ids, pg.ids(table))
+    assert report.ok, report.line()
+    assert pg.prepared(sink.gid_prefix) == []
+    assert pg.sql(f"SELECT count(*) FROM {table} WHERE payload <> 'row-' || id") == [(0,)]
+    dead.close()
