@@ -54,8 +54,8 @@ from typing import Any, Optional, Sequence, Union
 
 from twophase._logging import get_logger
 from twophase._redact import redact_text, redact_values
-from twophase.errors import (ConfigurationError, ConstraintViolationError, DataLossError, MissingDependencyError,
-                             TransientSinkError)
+from twophase.errors import (ConfigurationError, ConstraintViolationError, DataLossError, LogCorruptError,
+                             MissingDependencyError, TransientSinkError)
 from twophase.sink import CommitStatus, Guarantee, TransactionContext, sink_token
 from twophase.user_sink import TwoPhaseCommitSink, _UserCommitter
 
@@ -66,6 +66,8 @@ MARKER_TABLE = "_twophase_commits"
 #: (url, marker table) whose marker table this process has seen (one check per Python worker, not per task)
 _MARKERS_READY: set = set()
 _GID = re.compile(r"^tp_([0-9a-f]{12})_([0-9a-f]{8})_(\d{20})_(.+)_([A-Za-z0-9]+)$")
+#: every character a gid of ours may hold (gid() makes no other): a gid is put into SQL as a literal
+_GID_SAFE = re.compile(r"^tp_[A-Za-z0-9_.\-]{1,196}$")
 _GID_UNSAFE = re.compile(r"[^A-Za-z0-9.\-]")
 #: the staging table's row-order column (upsertKeys)
 _STAGE_SEQ = "_twophase_row_seq"
@@ -151,6 +153,18 @@ def _parse_table(table: str) -> tuple[str, str]:
         raise ConfigurationError(f"twophase-postgres: option 'table' must be 'schema.table' (parts may be "
                                  f"double-quoted), got {table!r}")
     return (parts[0], parts[1]) if len(parts) == 2 else ("public", parts[0])
+
+
+def _gid_literal(gid: Any) -> str:
+    """``gid`` as an SQL string literal for PREPARE / COMMIT PREPARED / ROLLBACK PREPARED (which take no
+    parameters). A gid comes back from the transaction log and from pg_prepared_xacts: one that gid() cannot have
+    made (a quote, a tampered or corrupt record, another program's transaction named like ours) is refused,
+    never spliced into SQL."""
+    if not isinstance(gid, str) or not _GID_SAFE.match(gid):
+        raise LogCorruptError(f"twophase-postgres: {gid!r} is not a gid this sink makes (tp_ followed by letters, "
+                              "digits, '_', '.', '-'; at most 199 characters): the transaction log's record or a "
+                              "prepared transaction named like ours is not ours; nothing was run for it")
+    return "'" + gid + "'"
 
 
 def _digest_name(schema: str, table: str) -> str:
@@ -562,7 +576,7 @@ class PostgresSink(TwoPhaseCommitSink[dict]):
             conn.execute(f"INSERT INTO {self.marker} (gid, gid_prefix, checkpoint_id) VALUES (%s, %s, %s)",
                          (gid, self.gid_prefix, int(gid[len(self.gid_prefix):].split("_", 1)[0])))
             state["preparing"] = True  # from here the server may hold it prepared even if the answer is lost
-            conn.execute(f"PREPARE TRANSACTION '{gid}'")
+            conn.execute(f"PREPARE TRANSACTION {_gid_literal(gid)}")
             state["prepared"] = True
         except psycopg.Error as e:
             raise self._error(e, "preparing the transaction (PREPARE TRANSACTION)") from None
@@ -583,10 +597,11 @@ class PostgresSink(TwoPhaseCommitSink[dict]):
 
     def commit(self, txn: dict) -> Optional[CommitStatus]:
         gid = txn["gid"]
+        literal = _gid_literal(gid)
         psycopg = _psycopg()
         conn = self._driver_conn()
         try:
-            conn.execute(f"COMMIT PREPARED '{gid}'")
+            conn.execute(f"COMMIT PREPARED {literal}")
             return None
         except psycopg.errors.UndefinedObject:
             pass  # gone: committed before (its marker is there) or rolled back (it is not)
@@ -605,6 +620,7 @@ class PostgresSink(TwoPhaseCommitSink[dict]):
 
     def abort(self, txn: dict) -> None:
         gid = txn["gid"]
+        _gid_literal(gid)
         if self.own_checkpoint(gid) is None:  # another table's (a log shared by mistake): never ours to roll back
             _log.warning("postgres_foreign_transaction_kept", sink_id=self.sink_id, gid=gid,
                          table=f"{self.schema}.{self.table}")
@@ -621,7 +637,7 @@ class PostgresSink(TwoPhaseCommitSink[dict]):
         psycopg = _psycopg()
         conn = self._driver_conn()
         try:
-            conn.execute(f"ROLLBACK PREPARED '{gid}'")
+            conn.execute(f"ROLLBACK PREPARED {_gid_literal(gid)}")
         except psycopg.errors.UndefinedObject:
             pass  # never prepared, rolled back before, or committed: nothing of ours to discard
         except psycopg.Error as e:
@@ -648,7 +664,7 @@ class PostgresSink(TwoPhaseCommitSink[dict]):
                 if cid is None or cid < checkpoint_id:
                     continue
                 try:
-                    conn.execute(f"ROLLBACK PREPARED '{gid}'")
+                    conn.execute(f"ROLLBACK PREPARED {_gid_literal(gid)}")
                     rolled += 1
                 except psycopg.errors.UndefinedObject:
                     pass
@@ -668,7 +684,7 @@ class PostgresSink(TwoPhaseCommitSink[dict]):
         rows = self._driver_conn().execute(
             "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() AND starts_with(gid, %s) "
             "ORDER BY gid", (self.gid_prefix,)).fetchall()
-        return [r[0] for r in rows]
+        return [r[0] for r in rows if _GID_SAFE.match(r[0])]  # named like ours but not made by gid(): not ours
 
 
 def _csv_ready(batch: Any) -> Any:
@@ -700,7 +716,7 @@ class _PostgresCommitter(_UserCommitter):
                 if cid is None or cid > up_to_checkpoint:
                     continue  # another sink's / another table's, or a newer checkpoint may still ack it
                 try:
-                    conn.execute(f"ROLLBACK PREPARED '{gid}'")
+                    conn.execute(f"ROLLBACK PREPARED {_gid_literal(gid)}")
                     aborted += 1
                 except psycopg.errors.UndefinedObject:
                     pass

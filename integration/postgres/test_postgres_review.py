@@ -92,3 +92,29 @@ def test_pg_review_a_prepare_whose_answer_was_lost_is_rolled_back_by_the_writers
     assert testing.commit(sink, ack.handle) is CommitStatus.COMMITTED
     assert pg.ids(table) == list(range(5)) and no_open_transaction(pg)
     sink.close()
+
+
+def test_pg_review_a_gid_that_gid_cannot_make_is_never_spliced_into_sql(pg, tmp_path):
+    """PREPARE / COMMIT PREPARED / ROLLBACK PREPARED take no parameters, so the gid is a literal in the SQL text.
+    A prepared transaction of another program named with this sink's prefix and a quote made every sweep fail
+    with a syntax error (the recovery sweep too: the query could not start), and a log record's gid with a quote
+    went into SQL as it was. Now such a gid is not ours to sweep, and a handle carrying one is refused."""
+    table = pg.new_table()
+    sink = make(pg, tmp_path, table)
+    foreign = sink.gid_prefix + "00000000000000000001_0_x'; SELECT 1; --"
+    with pg.connect() as c:
+        c.autocommit = False
+        c.execute(f"INSERT INTO {table} VALUES (1, 'foreign')")
+        c.execute("PREPARE TRANSACTION '" + foreign.replace("'", "''") + "'")
+    try:
+        assert testing.abort_lingering(sink, 5) == 0
+        assert foreign in pg.prepared(sink.gid_prefix)
+        handle = run_task(sink, ctx(sink, 1), [rows(0, 2)]).handle
+        bad = {**handle, "txn": {"gid": foreign}}
+        for call in (lambda: testing.commit(sink, bad), lambda: testing.abort(sink, bad)):
+            with pytest.raises(TwoPhaseError, match="is not a gid this sink makes"):
+                call()
+        assert foreign in pg.prepared(sink.gid_prefix) and pg.ids(table) == []
+    finally:
+        pg.sql("ROLLBACK PREPARED '" + foreign.replace("'", "''") + "'")
+    sink.close()
