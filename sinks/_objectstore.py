@@ -222,6 +222,13 @@ class ObjectStoreCommitter(SinkCommitter[C], Generic[C]):
                     if n == 0:
                         faults.maybe_crash("mid_commit", checkpoint_id)
         else:
+            # no file in this checkpoint: its sweep still lists what it can have touched, not the whole path
+            listed: Future = Future()
+            try:
+                listed.set_result(self.store.list_own_for(self.sink.sink_id, checkpoint_id, [], recovering=recovering))
+            except Exception as e:  # noqa: BLE001 - the sweep lists again
+                listed.set_exception(e)
+            self._listed = (checkpoint_id, listed, frozenset())
             faults.maybe_crash("mid_commit", checkpoint_id)
         results = []
         for i, c in enumerate(committables):

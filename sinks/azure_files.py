@@ -230,7 +230,8 @@ class AzureBlobs(ObjectStore):
            under the path; the same :func:`~twophase.naming.own_part_rel` filter), and what is dropped of it
            is decided as before (``c <= up_to``, not the checkpoint's own, ``drop_uncommitted`` never
            deletes a committed blob with data).
-        2. A straggler of ``n`` staged before the listing, in a folder of one of ``n``'s committed blobs or
+        2. A checkpoint with no blobs lists ``n``'s names directly under the path (its losers read the same
+           empty input). A straggler of ``n`` staged before the listing, in a folder of one of ``n``'s committed blobs or
            directly under the path, starts with ``<folder>/part-<token>-<n>-`` (:func:`part_name_prefix`),
            so the scoped listing of ``n``'s own sweep returns it and it is dropped then, as before. This
            is the common case: a loser attempt (retry, speculative copy, a failed run of the same batch)
@@ -240,8 +241,8 @@ class AzureBlobs(ObjectStore):
            listing, which is taken (a) by the sweep of every checkpoint ``m`` with
            ``m % FULL_SWEEP_EVERY == 0``: batch ids are consecutive and each batch's commit is followed by
            its sweep, so at most ``FULL_SWEEP_EVERY`` batches later (the ids go on across restarts); (b) by
-           every sweep not right after its own commit's listing (a recovery that commits or sweeps, the
-           sweep of a checkpoint with no blobs, a failed scoped listing:
+           every sweep not right after its own commit's listing (a recovery that commits or sweeps, a failed
+           scoped listing:
            :meth:`ObjectStoreCommitter.abort_lingering` lists the whole path). A recovery after a clean stop
            whose last commit was swept does not sweep: a straggler staged after that last sweep waits for (a)
            in the next run, as one staged after the last whole listing did before. A sweep is best effort: one that

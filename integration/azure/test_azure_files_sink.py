@@ -444,3 +444,23 @@ def test_azure_files_sink_inv6_a_straggler_the_scoped_sweep_cannot_see_goes_at_t
     assert coord.complete_batch(4, [run_task(sink, TransactionContext(sink.sink_id, 4, "0"), [rows(4, 0)])]) == "COMMITTED"
     assert zombie not in names(azure_server, container, uncommitted=True), "the whole listing missed the zombie"
     assert read_ids(azure_server, container) == sorted(i for c in (1, 2, 3, 4) for i in rows(c, 0).column("id").to_pylist())
+
+
+def test_azure_files_sink_inv6_a_batch_without_rows_lists_no_more_as_old_files_grow(azure_server: AzureServer,
+                                                                                   container: str) -> None:
+    """A batch whose tasks wrote no file (a stateful query's no-data batch) is committed and swept too: its sweep
+    lists what it can have touched (its names directly under the path), not the 400 old files of the sink
+    (with no file to complete, the sweep listed the whole path, twice)."""
+    sink = make_sink(azure_server, container)
+    coord = coordinator(sink)
+    counting = _CountingContainer(sink.store.client)
+    sink.store._client = counting
+    coord.complete_batch(1, [run_task(sink, TransactionContext(sink.sink_id, 1, "0"), [rows(1, 0)])])
+    old_files(azure_server, container, sink, 400, 1000)
+    committed = names(azure_server, container, uncommitted=False)
+    ack = run_task(sink, TransactionContext(sink.sink_id, 2, "0"), [])
+    assert not ack.handle["blobs"]
+    before = counting.listed
+    assert coord.complete_batch(2, [ack]) == "COMMITTED"
+    assert counting.listed - before == 0, f"an empty batch's sweep listed {counting.listed - before} names"
+    assert committed <= names(azure_server, container, uncommitted=False)
