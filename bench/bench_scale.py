@@ -10,6 +10,9 @@ the sweep):
 - ``files`` (local file sink), ``delta`` (local Delta table, unpartitioned: the case that read every name of
   the root): the directory entries read (``os.scandir``/``os.listdir``/``os.walk`` spied) and their calls;
 - ``s3`` (radosgw, ``scripts/s3_server.sh``): HTTP requests (botocore's ``Endpoint._send``), listings among them;
+- ``delta-s3`` (Delta table on radosgw, partitioned): twophase's own HTTP requests (botocore: the data uploads'
+  completion, the sweep's prefix listings, the log); delta-rs's Delta commit goes through its own Rust
+  client and is not counted (its time is in the commit ms);
 - ``azure`` (Azurite): HTTP requests (the Azure SDK's transport), List Blobs among them.
 
 The old files are made cheaply, and are the sink's own names (its token, ``part-<token>-<ckpt>-...``, of
@@ -256,6 +259,29 @@ def bench_s3(sizes: list[int], batches: int) -> list[dict[str, float]]:
         gen.close()
 
 
+def bench_delta_s3(sizes: list[int], batches: int) -> list[dict[str, float]]:
+    from _support import s3_server_fixture
+    from twophase.sinks.delta import DeltaSink
+    gen = s3_server_fixture()
+    server = next(gen)
+    try:
+        bucket = server.new_bucket()
+        sink = DeltaSink.from_options({"path": f"s3://{bucket}/t", "partitionBy": "p", **server.options()}, SCHEMA)
+        sink.validate_destination()
+        client = server.client()
+
+        def grow(start: int, n: int) -> None:
+            with ThreadPoolExecutor(16) as pool:
+                list(pool.map(lambda rel: client.put_object(Bucket=bucket, Key=f"t/{rel}", Body=b""),
+                              old_names(sink.sink_id, start, n, True)))
+
+        c = Counter()
+        with botocore_spy(c):
+            return measure(sink, c, grow, sizes, batches)
+    finally:
+        gen.close()
+
+
 def bench_azure(sizes: list[int], batches: int) -> list[dict[str, float]]:
     from integration.azure.azurite import azure_server_fixture
     from twophase.sinks.files import file_sink_from_options
@@ -303,7 +329,7 @@ def bench_azure(sizes: list[int], batches: int) -> list[dict[str, float]]:
         gen.close()
 
 
-BENCHES = {"files": bench_files, "delta": bench_delta, "s3": bench_s3, "azure": bench_azure}
+BENCHES = {"files": bench_files, "delta": bench_delta, "s3": bench_s3, "azure": bench_azure, "delta-s3": bench_delta_s3}
 
 
 def main() -> None:
@@ -315,7 +341,7 @@ def main() -> None:
     a = ap.parse_args()
     rows_out = []
     for name in a.sinks.split(","):
-        sizes = [int(x) for x in (a.store_sizes if name in ("s3", "azure") else a.sizes).split(",")]
+        sizes = [int(x) for x in (a.store_sizes if name in ("s3", "azure", "delta-s3") else a.sizes).split(",")]
         print(f"{name}: sizes {sizes}", file=sys.stderr)
         rows_out.append((name, BENCHES[name](sizes, a.batches)))
     print("| sink | old files | commit ms / batch | requests / batch (listings) | dir entries read | ratio ms largest/smallest | ratio requests |")
