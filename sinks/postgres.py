@@ -496,7 +496,9 @@ class PostgresSink(TwoPhaseCommitSink[dict]):
         gid = self.gid(context)
         conn = self.connect(autocommit=False)
         try:
-            conn.execute(f"SET LOCAL lock_timeout = {int(self.lock_timeout * 1000)}")
+            # PostgreSQL's 0 is "wait forever": a positive lockTimeout below 1 ms must not round to it
+            ms = int(round(self.lock_timeout * 1000))
+            conn.execute(f"SET LOCAL lock_timeout = {max(ms, 1) if self.lock_timeout > 0 else 0}")
         except Exception as e:
             conn.close()
             raise self._error(e, "opening the transaction") from None

@@ -118,3 +118,20 @@ def test_pg_review_a_gid_that_gid_cannot_make_is_never_spliced_into_sql(pg, tmp_
     finally:
         pg.sql("ROLLBACK PREPARED '" + foreign.replace("'", "''") + "'")
     sink.close()
+
+
+def test_pg_review_a_positive_lock_timeout_below_a_millisecond_is_not_wait_forever(pg, tmp_path):
+    """lockTimeout=0.0004 (seconds) was sent as lock_timeout = 0, which PostgreSQL reads as no limit: a task
+    blocked by a prepared transaction waited forever instead of failing."""
+    table = pg.new_table()
+    sink = make(pg, tmp_path, table, lockTimeout="0.0004")
+    txn = sink.begin_transaction(ctx(sink, 0))
+    assert sink._open[txn["gid"]]["conn"].execute("SHOW lock_timeout").fetchone()[0] == "1ms"
+    sink.abort(txn)
+    forever = make(pg, tmp_path, table, "pg-b", lockTimeout=0)
+    txn = forever.begin_transaction(ctx(forever, 0))
+    assert forever._open[txn["gid"]]["conn"].execute("SHOW lock_timeout").fetchone()[0] == "0"
+    forever.abort(txn)
+    assert no_open_transaction(pg)
+    sink.close()
+    forever.close()
