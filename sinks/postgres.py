@@ -291,11 +291,21 @@ class PostgresSink(TwoPhaseCommitSink[dict]):
         except Exception:
             return None
 
+    #: TCP keepalives unless the url sets them: a silent network partition (no RST) ends a connection waiting for
+    #: an answer (the driver's COMMIT PREPARED, a task's COPY) in about a minute instead of hanging it for hours
+    KEEPALIVES = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10, "keepalives_count": 3}
+
     def connect(self, *, autocommit: bool) -> Any:
         psycopg = _psycopg()
+        from psycopg.conninfo import conninfo_to_dict
+        try:
+            given = conninfo_to_dict(self.url)
+        except Exception:  # the connect below names what is wrong with the url
+            given = {}
+        keepalives = {k: v for k, v in self.KEEPALIVES.items() if k not in given}
         try:
             return psycopg.connect(self.url, autocommit=autocommit, connect_timeout=30,
-                                   application_name=f"twophase-{sink_token(self.sink_id)}")
+                                   application_name=f"twophase-{sink_token(self.sink_id)}", **keepalives)
         except psycopg.Error as e:
             text = redact_values(redact_text(str(e)).strip(), [self._password()])
             fix = ("check the user and password in option 'url' (or PGPASSWORD / ~/.pgpass) and the server's "

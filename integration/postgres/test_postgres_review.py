@@ -135,3 +135,21 @@ def test_pg_review_a_positive_lock_timeout_below_a_millisecond_is_not_wait_forev
     assert no_open_transaction(pg)
     sink.close()
     forever.close()
+
+
+def test_pg_review_connections_have_tcp_keepalives_unless_the_url_sets_them(pg, tmp_path):
+    """Review finding 7: with no keepalives, a silent network partition (no RST) hangs the driver's COMMIT PREPARED
+    (or a task's COPY) for hours. Every connection the sink makes asks for keepalives; a url that sets them wins."""
+    table = pg.new_table("id bigint, v text")
+    sink = make(pg, tmp_path, table)
+    conn = sink.connect(autocommit=True)
+    opts = {o.keyword.decode(): (o.val or b"").decode() for o in conn.pgconn.info}
+    assert (opts["keepalives"], opts["keepalives_idle"], opts["keepalives_count"]) == ("1", "30", "3")
+    conn.close()
+    sep = "&" if "?" in pg.url else "?"
+    own = PostgresSink(url=pg.url + f"{sep}keepalives_idle=7", table=table, sink_id="pg-ka",
+                       log_location=str(tmp_path / "log-ka"))
+    conn = own.connect(autocommit=True)
+    assert {o.keyword.decode(): (o.val or b"").decode() for o in conn.pgconn.info}["keepalives_idle"] == "7"
+    conn.close()
+    sink.close()
