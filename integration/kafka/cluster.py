@@ -64,8 +64,13 @@ class KafkaCluster:
         from kafka import KafkaAdminClient
         return KafkaAdminClient(bootstrap_servers=self.live_bootstrap(), request_timeout_ms=5000)
 
-    def coordinator(self, transactional_id: str) -> int:
-        """Node id of the transaction coordinator of ``transactional_id`` (FindCoordinator)."""
+    def coordinator(self, transactional_id: str, timeout: float = 60.0) -> int:
+        """Node id of the transaction coordinator of ``transactional_id`` (FindCoordinator; retried while the
+        transaction state log is created or its partition leader moves)."""
+        return wait_for(lambda: self._find_coordinator(transactional_id) + 1, timeout,
+                        f"a transaction coordinator for {transactional_id!r}") - 1
+
+    def _find_coordinator(self, transactional_id: str) -> int:
         from kafka.protocol.metadata import CoordinatorType
         admin = self._admin()
         try:
