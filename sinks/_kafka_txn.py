@@ -54,6 +54,12 @@ _RETRIABLE = (Errors.ConcurrentTransactionsError, Errors.CoordinatorLoadInProgre
 _FENCED = (Errors.InvalidProducerEpochError, Errors.ProducerFencedError, Errors.InvalidTxnStateError,
            Errors.InvalidProducerIdMappingError)
 
+#: errors after which the coordinator is looked up again: it moved (NOT_COORDINATOR), is being elected, or the
+#: broker we knew as the coordinator does not answer (SIGKILLed, partitioned: its partition of
+#: __transaction_state gets a new leader, and only FindCoordinator names it)
+_ASK_AGAIN_WHERE = (Errors.NotCoordinatorError, Errors.CoordinatorNotAvailableError, Errors.KafkaConnectionError,
+                    Errors.NodeNotReadyError, Errors.KafkaTimeoutError, Errors.RequestTimedOutError)
+
 
 class EndTxnOutcome(str, enum.Enum):
     """What the coordinator answered to an EndTxn."""
@@ -214,7 +220,7 @@ class TxnClient:
                 error, response = type(e), None  # __transaction_state on a new cluster): retried like an error
             if error in _RETRIABLE or error in (Errors.KafkaConnectionError, Errors.NodeNotReadyError,
                                                 Errors.KafkaTimeoutError):
-                if error in (Errors.NotCoordinatorError, Errors.CoordinatorNotAvailableError):
+                if error in _ASK_AGAIN_WHERE:  # the coordinator moved, or its broker is gone: FindCoordinator again
                     self._forget_coordinator(transactional_id)
                 if time.monotonic() > deadline:
                     raise TransientSinkError(f"twophase-kafka: {what} for transactional id {transactional_id!r} "

@@ -87,11 +87,6 @@ EXPECTED = _expected((f"t{t}", 40) for t in TASKS)
 
 
 @needs_flag
-@pytest.mark.xfail(strict=True, reason=(
-    "sinks/_kafka_txn.py TxnClient._call forgets the cached coordinator only on NOT_COORDINATOR / "
-    "COORDINATOR_NOT_AVAILABLE; a SIGKILLed coordinator gives NodeNotReadyError / KafkaConnectionError, so every "
-    "retry goes to the dead broker until retry_deadline_s and the commit fails with TransientSinkError "
-    "('still failing with NodeNotReadyError'). Fix: _forget_coordinator on connection errors too"))
 def test_kafka_cluster_coordinator_killed_mid_commit_endtxn_follows_the_new_coordinator(cluster, tmp_path,
                                                                                        monkeypatch):
     """The EndTxn must go to the new coordinator found by FindCoordinator (a dead connection, NOT_COORDINATOR,
