@@ -74,12 +74,43 @@ def make_spark(app: str = "twophase-tests", conf: dict[str, str] | None = None, 
 
 def own_spark(builder: Any) -> Any:
     """``builder.getOrCreate()`` on a context of its own: stops the shared context first (else Spark would
-    hand back the shared one, ignoring the builder's master). The caller stops what it gets."""
+    hand back the shared one, ignoring the builder's master). The caller stops what it gets.
+
+    A builder with ``spark.jars`` (Spark's Kafka connector, hadoop-aws) needs a JVM of its own: the jars reach
+    the driver's class path only when spark-submit launches the JVM; added to a context in a JVM already
+    running (an earlier test module's), ``format("kafka")`` / ``s3a://`` are not found. So the running JVM is
+    shut down and the next context launches a new one with the builder's settings."""
     stop_shared()
+    if getattr(builder, "_options", {}).get("spark.jars"):
+        _new_jvm()
     _worker_env()
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def _new_jvm() -> None:
+    """Stop any context and the JVM behind PySpark's gateway; the next context launches a new JVM."""
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+    active = SparkSession.getActiveSession()
+    if _alive(active):
+        active.stop()
+    if SparkContext._active_spark_context is not None:
+        SparkContext._active_spark_context.stop()
+    gateway = SparkContext._gateway
+    if gateway is None:
+        return
+    proc = getattr(gateway, "proc", None)
+    try:
+        gateway.shutdown()
+    except Exception:
+        pass
+    if proc is not None:
+        proc.kill()
+        proc.wait(30)
+    SparkContext._gateway = None
+    SparkContext._jvm = None
 
 
 def stop_shared() -> None:
