@@ -134,6 +134,12 @@ def base_spark():
 def user_format(base_spark):
     import twophase.spark
     base_spark.dataSource.register(twophase.spark.data_source(DotStagedSink, name="user-jsonl"))
+    # Spark looks a Python data source up in the JVM's active (else default) session, not in the DataFrame's: after
+    # other modules' sessions on the shared context, that is another session (DATA_SOURCE_NOT_FOUND in the suite,
+    # found when the module ran alone). Make the session the format is registered on the active and default one.
+    jvm_session = base_spark._jvm.org.apache.spark.sql.classic.SparkSession
+    jvm_session.setActiveSession(base_spark._jsparkSession)
+    jvm_session.setDefaultSession(base_spark._jsparkSession)
     return "user-jsonl"
 
 
