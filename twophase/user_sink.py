@@ -418,7 +418,14 @@ class _UserWriter(SinkWriter[UserCommittable]):
         self.records = 0
         self.txn = sink.call_hook("begin_transaction", context)
         if sink.guarantee is not Guarantee.AT_LEAST_ONCE:
-            self._record_early()
+            try:
+                self._record_early()
+            except BaseException:  # no record names the transaction begun and no writer exists to abort it
+                try:
+                    sink.call_hook("abort", self.txn)
+                except Exception as e:
+                    _log.warning("abort_after_failed_early_record_failed", sink_id=sink.sink_id, error=repr(e))
+                raise
 
     def _record_early(self) -> None:
         """The pending record right after begin_transaction: a task that dies in ``write`` leaves a handle the

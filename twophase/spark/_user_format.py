@@ -19,6 +19,7 @@ from typing import Any
 
 from pyspark.sql.types import StructType
 
+from twophase._redact import redact_error
 from twophase.errors import ConfigurationError
 from twophase.spark.datasource import TwoPhaseSinkDataSource
 from twophase.user_sink import TwoPhaseCommitSink
@@ -79,11 +80,11 @@ def sink_from_options(sink_class: type, name: str, options: dict[str, str]) -> T
     try:
         sink = sink_class(**kwargs)
         sink._twophase_options = dict(kwargs)  # a batch write's sink is built again from them (write_job_spec)
-    except ConfigurationError as e:
-        raise ConfigurationError(f"{name}: {e}") from e
+    except ConfigurationError as e:  # the constructor's message may echo an option's value: secret ones masked
+        raise ConfigurationError(f"{name}: {redact_error(e, kwargs)}") from None
     except (TypeError, ValueError) as e:
         raise ConfigurationError(f"{name}: {sink_class.__name__}({', '.join(f'{k}=...' for k in kwargs)}) "
-                                 f"refused its options: {type(e).__name__}: {e}") from e
+                                 f"refused its options: {type(e).__name__}: {redact_error(e, kwargs)}") from None
     return sink
 
 
