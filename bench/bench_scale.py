@@ -236,20 +236,22 @@ def bench_delta(sizes: list[int], batches: int) -> list[dict[str, float]]:
         return measure(sink, c, grow, sizes, batches)
 
 
-def bench_s3(sizes: list[int], batches: int) -> list[dict[str, float]]:
+def _bench_on_s3(sink_class: Any, prefix: str, sizes: list[int], batches: int) -> list[dict[str, float]]:
+    """One sink of ``sink_class`` at ``s3://<new bucket>/<prefix>`` on the project's S3 server, its old files made as
+    empty objects with its own names; every botocore request of the process counted."""
     from _support import s3_server_fixture
-    from twophase.sinks.s3 import S3Sink
     gen = s3_server_fixture()
     server = next(gen)
     try:
         bucket = server.new_bucket()
-        sink = S3Sink.from_options({"path": f"s3://{bucket}/out", "partitionBy": "p", **server.options()}, SCHEMA)
+        sink = sink_class.from_options({"path": f"s3://{bucket}/{prefix}", "partitionBy": "p", **server.options()},
+                                       SCHEMA)
         sink.validate_destination()
         client = server.client()
 
         def grow(start: int, n: int) -> None:
             with ThreadPoolExecutor(16) as pool:
-                list(pool.map(lambda rel: client.put_object(Bucket=bucket, Key=f"out/{rel}", Body=b""),
+                list(pool.map(lambda rel: client.put_object(Bucket=bucket, Key=f"{prefix}/{rel}", Body=b""),
                               old_names(sink.sink_id, start, n, True)))
 
         c = Counter()
@@ -257,29 +259,16 @@ def bench_s3(sizes: list[int], batches: int) -> list[dict[str, float]]:
             return measure(sink, c, grow, sizes, batches)
     finally:
         gen.close()
+
+
+def bench_s3(sizes: list[int], batches: int) -> list[dict[str, float]]:
+    from twophase.sinks.s3 import S3Sink
+    return _bench_on_s3(S3Sink, "out", sizes, batches)
 
 
 def bench_delta_s3(sizes: list[int], batches: int) -> list[dict[str, float]]:
-    from _support import s3_server_fixture
     from twophase.sinks.delta import DeltaSink
-    gen = s3_server_fixture()
-    server = next(gen)
-    try:
-        bucket = server.new_bucket()
-        sink = DeltaSink.from_options({"path": f"s3://{bucket}/t", "partitionBy": "p", **server.options()}, SCHEMA)
-        sink.validate_destination()
-        client = server.client()
-
-        def grow(start: int, n: int) -> None:
-            with ThreadPoolExecutor(16) as pool:
-                list(pool.map(lambda rel: client.put_object(Bucket=bucket, Key=f"t/{rel}", Body=b""),
-                              old_names(sink.sink_id, start, n, True)))
-
-        c = Counter()
-        with botocore_spy(c):
-            return measure(sink, c, grow, sizes, batches)
-    finally:
-        gen.close()
+    return _bench_on_s3(DeltaSink, "t", sizes, batches)
 
 
 def bench_azure(sizes: list[int], batches: int) -> list[dict[str, float]]:
