@@ -50,7 +50,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 from twophase._logging import get_logger
 from twophase._redact import redact_text, redact_values
@@ -668,23 +668,30 @@ class PostgresSink(TwoPhaseCommitSink[dict]):
         if self.guarantee is not Guarantee.EXACTLY_ONCE:
             return 0
         psycopg = _psycopg()
-        rolled = 0
         try:
-            conn = self._driver_conn()
-            for gid in self.prepared():
-                cid = self.own_checkpoint(gid)
-                if cid is None or cid < checkpoint_id:
-                    continue
-                try:
-                    conn.execute(f"ROLLBACK PREPARED {_gid_literal(gid)}")
-                    rolled += 1
-                except psycopg.errors.UndefinedObject:
-                    pass
+            rolled = self.rollback_own_prepared(self._driver_conn(), lambda cid: cid >= checkpoint_id)
         except psycopg.Error as e:
             raise self._error(e, "rolling back prepared transactions of an earlier run of the batch") from None
         if rolled:
             _log.info("postgres_dead_attempts_rolled_back", sink_id=self.sink_id, checkpoint_id=checkpoint_id,
                       transactions=rolled)
+        return rolled
+
+    def rollback_own_prepared(self, conn: Any, take: Callable[[int], bool]) -> int:
+        """``ROLLBACK PREPARED`` each of this sink's own prepared transactions whose checkpoint ``take`` accepts
+        (another sink's or another table's gid never: :meth:`own_checkpoint` is None for it); one gone meanwhile
+        (committed or rolled back by another call) is skipped. Returns how many were rolled back."""
+        psycopg = _psycopg()
+        rolled = 0
+        for gid in self.prepared():
+            cid = self.own_checkpoint(gid)
+            if cid is None or not take(cid):
+                continue
+            try:
+                conn.execute(f"ROLLBACK PREPARED {_gid_literal(gid)}")
+                rolled += 1
+            except psycopg.errors.UndefinedObject:
+                pass
         return rolled
 
     def create_committer(self) -> "_PostgresCommitter":
@@ -723,15 +730,8 @@ class _PostgresCommitter(_UserCommitter):
         psycopg = _psycopg()
         try:
             conn = sink._driver_conn()
-            for gid in sink.prepared():
-                cid = sink.own_checkpoint(gid)
-                if cid is None or cid > up_to_checkpoint:
-                    continue  # another sink's / another table's, or a newer checkpoint may still ack it
-                try:
-                    conn.execute(f"ROLLBACK PREPARED {_gid_literal(gid)}")
-                    aborted += 1
-                except psycopg.errors.UndefinedObject:
-                    pass
+            # a newer checkpoint's may still be acked
+            aborted += sink.rollback_own_prepared(conn, lambda cid: cid <= up_to_checkpoint)
             if highest_committed is not None:
                 conn.execute(f"DELETE FROM {sink.marker} WHERE gid_prefix = %s AND checkpoint_id < %s",
                              (sink.gid_prefix, highest_committed))
