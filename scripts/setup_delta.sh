@@ -46,4 +46,22 @@ if [ ! -f "$JARS/.complete" ]; then
       -DincludeScope=runtime -DincludeGroupIds=io.delta -DoutputDirectory="$JARS" >&2
   touch "$JARS/.complete"
 fi
+# Hadoop's S3A (hadoop-aws at the Hadoop this PySpark bundles, and the AWS SDK modules it loads) for delta-spark on
+# the project's S3 server (integration/delta_spark/test_delta_s3_oracle.py): scripts/jvm/hadoop-aws/pom.xml, the
+# main venv's pom, resolved into .venv-delta/jvm/hadoop-aws-<version>/ when that pom's hadoop.version is this
+# PySpark's Hadoop (its awssdk.version is that Hadoop's); otherwise not fetched and the S3 oracle test skips
+HADOOP_POM="$ROOT/scripts/jvm/hadoop-aws/pom.xml"
+HADOOP_PINNED=$(sed -n 's:.*<hadoop.version>\(.*\)</hadoop.version>.*:\1:p' "$HADOOP_POM")
+HADOOP_BUNDLED=$("$VENV/bin/python" -c 'import glob, os, pyspark; print(" ".join(sorted(os.path.basename(p)[len("hadoop-client-api-"):-4] for p in glob.glob(os.path.join(os.path.dirname(pyspark.__file__), "jars", "hadoop-client-api-*.jar")))))')
+S3A_JARS="$ROOT/$VENV/jvm/hadoop-aws-$HADOOP_BUNDLED"
+if [ "$HADOOP_BUNDLED" != "$HADOOP_PINNED" ]; then
+  echo "setup_delta: $VENV's PySpark bundles Hadoop '$HADOOP_BUNDLED', scripts/jvm/hadoop-aws/pom.xml pins $HADOOP_PINNED:" \
+       "hadoop-aws not fetched for $VENV (the delta-spark S3 tests skip)" >&2
+elif [ ! -f "$S3A_JARS/.complete" ]; then
+  command -v mvn >/dev/null || { echo "setup_delta: Maven (mvn) is needed: apt-get install maven" >&2; exit 1; }
+  mkdir -p "$S3A_JARS"
+  mvn -q -B -f "$HADOOP_POM" dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$S3A_JARS" \
+      -DexcludeGroupIds=io.netty,org.apache.httpcomponents,commons-codec,commons-logging,org.slf4j >&2
+  touch "$S3A_JARS/.complete"
+fi
 echo "setup_delta: ready ($("$VENV/bin/python" -c 'import pyspark, importlib.metadata as m; print("pyspark", pyspark.__version__, "delta-spark", m.version("delta-spark"))'))"
