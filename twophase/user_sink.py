@@ -206,6 +206,10 @@ def decode_txn(sink: "TwoPhaseCommitSink[Any]", committable: UserCommittable) ->
             f"in this process ({type(e).__name__}: {e}); install the module that defines it where the driver runs")
 
 
+#: (class, sink id, attribute) already warned about by attribute_not_pickled in this process
+_NOT_PICKLED_WARNED: set = set()
+
+
 def _picklable(value: Any) -> bool:
     if value is None or isinstance(value, (str, int, float, bool, bytes)):
         return True
@@ -325,8 +329,13 @@ class TwoPhaseCommitSink(SinkSpec[UserCommittable], Generic[TXN]):
         if state.get("_twophase_bound", False):
             for name, value in state.items():
                 if not _picklable(value):
-                    _log.debug("attribute_not_pickled", sink_id=state.get("sink_id"), attribute=name,
-                               type=type(value).__name__)
+                    key = (type(self).__qualname__, state.get("sink_id"), name)
+                    if key not in _NOT_PICKLED_WARNED:  # once per process: the sink is pickled per task and batch
+                        _NOT_PICKLED_WARNED.add(key)
+                        _log.warning("attribute_not_pickled", sink_id=state.get("sink_id"), attribute=name,
+                                     type=type(value).__name__,
+                                     consequence="it travels as None and is made again on first use where the copy "
+                                                 "runs (warned once per process)")
                     state[name] = None
         return state
 
