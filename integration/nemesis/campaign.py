@@ -64,6 +64,9 @@ def servers_for(sinks: list[str], base: str) -> Iterator[Servers]:
             agen = azure_server_fixture()
             servers.azure = next(agen)
             stack.callback(lambda: next(agen, None))
+        if "postgres" in sinks:
+            from integration.postgres.server import pg_server
+            servers.postgres = stack.enter_context(pg_server())
         if "kafka" in sinks:
             from integration.kafka.broker import kafka_broker
             servers.kafka = stack.enter_context(kafka_broker())

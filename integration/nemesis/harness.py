@@ -27,13 +27,14 @@ Fault kinds (:data:`FAULTS`; see :func:`run_scenario` for the moments):
                    an executor point (write, after_pre_commit) kills only that executor (scope ``auto``)
 ``recovery``       the driver killed after a checkpoint is durable, then the restart killed inside its
                    recovery (``in_recovery`` or ``mid_commit`` of that checkpoint), then a clean restart
-``pause``          the sink's server (S3 server, Kafka broker) SIGSTOPped past the client's request
+``pause``          the sink's server (S3 server, Kafka broker, PostgreSQL with its backends) SIGSTOPped past the client's request
                    timeout while a batch is written, then SIGCONTed; a failed query is restarted
 =================  ==========================================================================================
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import io
 import json
@@ -56,7 +57,7 @@ CLUSTER_SCRIPT = os.path.join(ROOT, "scripts", "spark_cluster.sh")
 
 FAULTS = ("executor_jvm", "python_worker", "worker", "fetch_failed", "speculation", "driver", "protocol",
           "recovery", "pause")
-SINKS = ("files", "s3", "delta", "kafka", "azure-files", "azure-delta")
+SINKS = ("files", "s3", "delta", "kafka", "azure-files", "azure-delta", "postgres")
 DRIVER_POINTS = ("before_complete", "after_complete", "mid_commit", "after_commit")
 EXECUTOR_POINTS = ("write", "after_pre_commit")
 FILES_PER_BATCH, ROWS_PER_FILE = 2, 60
@@ -226,6 +227,11 @@ class Target:
     def pause_options(self) -> dict[str, str]:
         """Client timeouts shorter than a ``pause`` (so the pause really outlasts them)."""
         return {}
+
+    def server_pids(self) -> list[int]:
+        """What ``pause`` stops: the server process (a server of several processes gives them all)."""
+        pid = self.server_pid()
+        return [] if pid is None else [pid]
 
 
 class FileInput:
@@ -470,8 +476,53 @@ class AzureDeltaTarget(AzureFilesTarget):
         return super().leftovers() + [f"unreferenced {n}" for n in sorted(self.data_names() - referenced)]
 
 
+class PostgresTarget(FileInput, Target):
+    """twophase-postgres (a TwoPhaseCommitSink as a registered Spark format, ``twophase.spark.data_source``) into a
+    fresh table of the campaign's PostgreSQL server. ``pause`` stops the postmaster and every backend."""
+
+    name, fmt, server_kind = "postgres", "twophase-postgres", "postgres"
+
+    def __init__(self, tmp: str, servers: "Servers") -> None:
+        super().__init__(tmp, servers)
+        self.inp = os.path.join(tmp, "in")
+        self.table = servers.postgres.new_table("id bigint NOT NULL, grp text, payload text", prefix="nem")
+        self.sink_id = f"nem-pg-{uuid.uuid4().hex[:6]}"
+
+    def options(self) -> dict[str, str]:
+        return {"url": self.servers.postgres.url, "table": self.table, "sink_id": self.sink_id, "lockTimeout": "20"}
+
+    def sink(self) -> Any:
+        from twophase.sinks.postgres import PostgresSink
+        return PostgresSink(**self.options()).bind_owner(self.ck)
+
+    def read(self) -> list[int]:
+        return [r[0] for r in self.servers.postgres.sql(f"SELECT id FROM {self.table}")]
+
+    def leftovers(self) -> list[str]:
+        sink = self.sink()
+        return [f"prepared transaction {g}" for g in self.servers.postgres.prepared(sink.gid_prefix)]
+
+    def server_pid(self) -> Optional[int]:
+        d = self.servers.postgres.directory
+        try:
+            with open(os.path.join(d, "data", "postmaster.pid")) as f:
+                return int(f.readline())
+        except (OSError, ValueError, TypeError):
+            return None
+
+    def server_pids(self) -> list[int]:
+        pid = self.server_pid()
+        return [] if pid is None else [pid] + descendants(pid)  # the backends are processes of their own
+
+    def pause_options(self) -> dict[str, str]:
+        # a statement in flight during the pause (a task's COPY or PREPARE, the driver's COMMIT PREPARED) is
+        # cancelled 4 s in: the pause outlasts it; keepalives cannot (the kernel answers for a stopped server)
+        return {"url": self.servers.postgres.url + "?options=-c%20statement_timeout%3D4000"}
+
+
 TARGETS: dict[str, type[Target]] = {"files": FilesTarget, "s3": S3Target, "delta": DeltaTarget, "kafka": KafkaTarget,
-                                    "azure-files": AzureFilesTarget, "azure-delta": AzureDeltaTarget}
+                                    "azure-files": AzureFilesTarget, "azure-delta": AzureDeltaTarget,
+                                    "postgres": PostgresTarget}
 
 
 @dataclass
@@ -482,10 +533,12 @@ class Servers:
     s3: Any = None
     kafka: Optional[str] = None
     azure: Any = None  # integration.azure.azurite.AzureServer
+    postgres: Any = None  # integration.postgres.server.PgServer
 
     def available(self, sink: str) -> bool:
         return sink == "files" or (sink in ("s3", "delta") and self.s3 is not None) or \
-            (sink == "kafka" and self.kafka is not None) or (sink.startswith("azure-") and self.azure is not None)
+            (sink == "kafka" and self.kafka is not None) or (sink.startswith("azure-") and self.azure is not None) or \
+            (sink == "postgres" and self.postgres is not None)
 
 
 # ---------------------------------------------------------------- one scenario
@@ -766,11 +819,15 @@ class Scenario:
         if self.wait_for(f"batch {batch}", lambda: self.in_flight(batch), p):
             time.sleep(self.rng.uniform(0.0, 1.5))
             seconds = self.rng.uniform(8.0, 12.0)
-            os.kill(pid, signal.SIGSTOP)
+            stopped = self.t.server_pids() or [pid]
+            for sp in stopped:
+                os.kill(sp, signal.SIGSTOP)
             try:
                 time.sleep(seconds)
             finally:
-                os.kill(pid, signal.SIGCONT)
+                for sp in stopped:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(sp, signal.SIGCONT)
             self.o.faults_injected += 1
             self.o.events.append(f"batch {batch}: {self.t.server_kind} server {pid} paused {seconds:.1f}s")
         rc = self.wait(p)
@@ -914,7 +971,7 @@ def run_scenario(sink: str, fault: str, seed: str, servers: Servers, tmp: str,
 def faults_for(sink: str) -> tuple[str, ...]:
     """``pause`` stops the sink's server past its client timeouts: S3 and Kafka (the Azure sinks' client has
     no timeout option yet, so a pause would only wait out the SDK's; local files have no server)."""
-    return FAULTS if sink in ("s3", "delta", "kafka") else tuple(f for f in FAULTS if f != "pause")
+    return FAULTS if sink in ("s3", "delta", "kafka", "postgres") else tuple(f for f in FAULTS if f != "pause")
 
 
 def summary(outcomes: list[Outcome]) -> str:

@@ -61,6 +61,9 @@ def main() -> int:
         settings += [("spark.eventLog.enabled", "true"), ("spark.eventLog.dir", args.event_log)]
     spark = spark_session(ap, args, master=args.master, app_name=args.app_name, settings=settings, log_level="WARN")
     twophase.spark.register(spark)
+    if args.sink == "twophase-postgres":  # a TwoPhaseCommitSink, registered as a user registers theirs
+        from twophase.sinks.postgres import PostgresSink
+        spark.dataSource.register(twophase.spark.data_source(PostgresSink, name="twophase-postgres"))
 
     if args.input:
         df = (spark.readStream.schema("id LONG, grp STRING, payload STRING")
