@@ -42,12 +42,15 @@ Invariants (``test_delta_sink_invN_*``):
    later removed from the snapshot (time travel and VACUUM keep their files); a file no final record
    speaks for is kept and logged. It runs right after each commit too (``sweep_after_commit``), so a
    loser attempt of the LAST batch of a run leaves no data file behind, at a bounded cost: for the
-   checkpoint just committed only the directories its Add actions name and the table root are listed,
-   for names ``part-<token>-<ckpt>-`` (on S3 a prefix listing that returns only that checkpoint's files).
-   The whole table is listed only when the log shows a checkpoint not swept that way (a crash between
-   commit and sweep, a gap) and at least every ``FULL_SWEEP_EVERY`` checkpoints (what a scoped sweep
-   cannot see: a retry that put rows in other partitions, a zombie that finished after the sweep).
-   A watermark in the log keeps each checkpoint from being scanned twice.
+   checkpoint just committed, on S3 and Azure only the directories its Add actions name and the table
+   root are listed, for names ``part-<token>-<ckpt>-`` (a prefix listing that returns only that
+   checkpoint's files); on a local disk, which cannot list by prefix, the name records of its attempts
+   are read instead (invariant 7). The whole table is listed only when the log shows a checkpoint not
+   swept that way (a crash between commit and sweep, a gap) and at least every ``FULL_SWEEP_EVERY``
+   checkpoints (what a scoped sweep cannot see: a retry that put rows in other partitions on S3/Azure,
+   a zombie that finished after the sweep); that listing looks again at every checkpoint whose record
+   the log still keeps, so a zombie that wrote after the previous whole listing is caught too.
+   A watermark in the log keeps each checkpoint from being scoped-swept twice.
 5. The stream's schema is checked on the driver before any data moves: a new column needs
    ``mergeSchema=true`` (then it is added, nullable, in a metadata-only commit); a changed type or other
    partition columns are refused with a :class:`~twophase.errors.ConfigurationError`.
@@ -58,6 +61,20 @@ Invariants (``test_delta_sink_invN_*``):
    (each committable records what its writer enforced); rows that break it stop the commit, loudly.
    Tables whose files twophase cannot write correctly (column mapping, identity columns) are refused on
    the driver.
+7. On a local table the per-batch sweep costs what the batch wrote, never what the table holds: every
+   attempt (a Python writer, the native path's rename) appends each data file's name to its own record
+   ``_twophase/<token>/names/<ckpt>/<task>-<attempt>`` BEFORE creating the file; the sweep right after
+   checkpoint ``n`` committed reads ``n``'s record folder (one entry per attempt of ``n``), deletes the
+   named files ``n``'s record does not list (the sink's layout and ``n``'s names only, as invariant 4),
+   then those records; it reads no directory of the table. Nothing the old per-batch directory scan found
+   is missed: a loser file of ``n`` that existed when the records were read was named in one before it
+   was created, so it is deleted then, whatever partition it is in. A file named after that (a zombie
+   still writing; its record may be removed under it) or never named (a power cut lost an unsynced
+   record; an attempt of an older version) is one of this sink's files of a checkpoint ``<= n`` with a
+   final record: the next whole listing, at most ``FULL_SWEEP_EVERY`` checkpoints later (or at a recovery
+   after a gap), lists it and deletes it while the log keeps ``n``'s record (``log.retain`` newest), and
+   removes the record folders of the checkpoints it covered. Records are never read as a reason to
+   delete a file a final record lists, so they can only add deletions the whole listing would also make.
 """
 
 from __future__ import annotations
@@ -67,6 +84,7 @@ import datetime as _dt
 import json
 import math
 import os
+import shutil
 import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
@@ -283,13 +301,100 @@ def _nested_additions(table_t: Any, stream_t: Any, path: str) -> Optional[list[s
 
 
 class _LocalFiles:
-    """Data files in a local (or POSIX-shared) table directory."""
+    """Data files in a local (or POSIX-shared) table directory, and the name records of the attempts that
+    write them (invariant 7): ``<table>/_twophase/<token>/names/<ckpt:08d>/<task>-<attempt>``, one line per
+    data file name the attempt is about to create, appended BEFORE the file is created. A local directory
+    cannot be listed by name prefix (a scan reads every name in it), so the sweep of a committed checkpoint
+    reads these records instead of the table's directories."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, sink_id: str) -> None:
         self.root = root
+        self.sink_id = sink_id
+        self.token = sink_token(sink_id)
+        self._made: set[str] = set()
+
+    def names_dir(self, checkpoint_id: Optional[int] = None) -> str:
+        base = os.path.join(self.root, internal_rel(self.sink_id), "names")
+        return base if checkpoint_id is None else os.path.join(base, f"{checkpoint_id:08d}")
+
+    def note(self, rel: str) -> None:
+        """Record that this attempt is about to create the data file ``rel`` (a name of :func:`part_file_name`):
+        one appended line in its attempt's record. Not fsynced: a record lost to a power cut leaves a file the
+        whole-table listing still finds (invariant 7)."""
+        name = rel.rsplit("/", 1)[-1]
+        cid = own_part_checkpoint(name, self.sink_id)
+        if cid is None:  # pragma: no cover - every writer names its files with part_file_name
+            return
+        attempt = name[len(f"part-{self.token}-{cid:08d}-"):].rsplit("-", 1)[0]  # <task>-<attempt uid>
+        d = self.names_dir(cid)
+        if d not in self._made:
+            os.makedirs(d, exist_ok=True)
+            self._made.add(d)
+        try:
+            fd = os.open(os.path.join(d, attempt), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        except FileNotFoundError:  # the sweep removed the folder meanwhile (a zombie attempt): make it again
+            os.makedirs(d, exist_ok=True)
+            fd = os.open(os.path.join(d, attempt), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, (rel + "\n").encode())
+        finally:
+            os.close(fd)
+
+    def noted(self, checkpoint_id: int) -> tuple[list[str], list[str]]:
+        """``(data file names, record paths)`` of every attempt of ``checkpoint_id`` that noted a name: one
+        listing of the checkpoint's own record folder (its attempts, not the table's history)."""
+        d = self.names_dir(checkpoint_id)
+        try:
+            records = sorted(os.listdir(d))
+        except (FileNotFoundError, NotADirectoryError):
+            return [], []
+        rels: list[str] = []
+        paths: list[str] = []
+        for r in records:
+            path = os.path.join(d, r)
+            try:
+                with open(path, "rb") as f:
+                    body = f.read()
+            except (FileNotFoundError, IsADirectoryError):
+                continue
+            paths.append(path)
+            # a torn last line (the attempt died while appending it) names no file it created
+            rels.extend(line for line in body.decode("utf-8", "replace").split("\n") if line)
+        return rels, paths
+
+    def forget(self, checkpoint_id: int, paths: Sequence[str]) -> None:
+        """Remove the records ``paths`` of ``checkpoint_id`` that a sweep acted on, then its folder if empty
+        (a zombie's record written since keeps it: the whole-table listing removes it later)."""
+        for p in paths:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(p)
+        with contextlib.suppress(OSError):
+            os.rmdir(self.names_dir(checkpoint_id))
+        self._made.discard(self.names_dir(checkpoint_id))
+
+    def forget_up_to(self, up_to: int) -> None:
+        """Remove the record folders of checkpoints ``<= up_to`` (after a whole-table listing swept them)."""
+        base = self.names_dir()
+        try:
+            dirs = os.listdir(base)
+        except FileNotFoundError:
+            return
+        for d in dirs:
+            if d.isdigit() and int(d) <= up_to:
+                shutil.rmtree(os.path.join(base, d), ignore_errors=True)
+                self._made.discard(os.path.join(base, d))
+
+    def unlink(self, rel: str) -> bool:
+        """Delete the data file ``rel``; False if it was not there."""
+        try:
+            os.unlink(os.path.join(self.root, rel))
+            return True
+        except FileNotFoundError:
+            return False
 
     def open(self, rel: str, pool: ThreadPoolExecutor) -> Any:
         path = os.path.join(self.root, rel)
+        self.note(rel)  # before the file exists: a sweep that can see the file can see its name (invariant 7)
         makedirs_durable(os.path.dirname(path))
         return open(path, "wb")
 
@@ -646,7 +751,7 @@ class DeltaSink(SinkSpec[DeltaCommittable]):
             url = parse_azure_url(options.uri)
             self.files = AzureFiles(options.azure, url.container, url.prefix, options.part_size)
         else:
-            self.files = _LocalFiles(options.uri)
+            self.files = _LocalFiles(options.uri, self.sink_id)
 
     @classmethod
     def from_options(cls, raw: Mapping[str, Any], schema: Optional[pa.Schema] = None) -> "DeltaSink":
@@ -1064,6 +1169,8 @@ class DeltaCommitter(SinkCommitter[DeltaCommittable]):
         """
         cid = rec.checkpoint_id
         committed = {f["rel"] for h in rec.handles.values() for f in h.get("files", ())}
+        if isinstance(self.files, _LocalFiles):
+            return self._sweep_noted(cid, committed)
         dirs = sorted({rel.rpartition("/")[0] for rel in committed} | {""})
         name_prefix = f"part-{sink_token(self.sink_id)}-{cid:08d}-"
         removed = 0
@@ -1080,13 +1187,38 @@ class DeltaCommitter(SinkCommitter[DeltaCommittable]):
             return None
         return removed
 
+    def _sweep_noted(self, cid: int, committed: set[str]) -> Optional[int]:
+        """The scoped sweep of COMMITTED checkpoint ``cid`` on a local table (invariant 7): delete the files its
+        attempts' name records list that its record does not, then those records. Reads one small folder
+        (the checkpoint's attempts) and no directory of the table, whatever the table holds."""
+        assert isinstance(self.files, _LocalFiles)
+        try:
+            rels, paths = self.files.noted(cid)
+            removed = 0
+            for rel in dict.fromkeys(rels):
+                # the sink's layout and this checkpoint's name only: never a committed file, never another's
+                if rel in committed or own_part_rel(rel, self.sink_id, self._partition_columns()) != cid:
+                    continue
+                removed += self.files.unlink(rel)
+            self.files.forget(cid, paths)
+        except Exception as e:  # best effort: the checkpoint is committed; the next whole listing retries
+            _log.warning("lingering_sweep_failed", sink_id=self.sink_id, checkpoint_id=cid, error=str(e))
+            return None
+        return removed
+
     def _sweep_listing(self, log: TransactionLog, after: int, up_to: int) -> int:
-        """List the whole table; delete own files of checkpoints in (after, up_to] that final records prove orphaned."""
+        """List the whole table; delete own files of checkpoints ``<= up_to`` that final records prove orphaned.
+
+        Checkpoints in (after, up_to] are new to a whole listing; older ones whose records the log still
+        keeps (the newest ``log.retain``) are looked at again: a zombie attempt that wrote after the last
+        whole listing is caught by this one (invariant 7). Files no final record speaks for are logged
+        once, when their checkpoint is new to a whole listing."""
+        lo = min(after, max(-1, up_to - log.retain))
         candidates: dict[str, int] = {}
         for rel in self.files.list_data():
             # the sink's layout (its partition columns, in order): never a nested table's (same sink.id) files
             cid = own_part_rel(rel, self.sink_id, self._partition_columns())
-            if cid is not None and after < cid <= up_to:
+            if cid is not None and lo < cid <= up_to:
                 candidates[rel] = cid
         records = {cid: log.get(cid) for cid in sorted(set(candidates.values()))}
         unprovable: list[str] = []
@@ -1094,7 +1226,8 @@ class DeltaCommitter(SinkCommitter[DeltaCommittable]):
         for rel, cid in sorted(candidates.items()):
             rec = records[cid]
             if rec is None or rec.state not in (CheckpointState.ABORTED, CheckpointState.COMMITTED):
-                unprovable.append(rel)
+                if cid > after:
+                    unprovable.append(rel)
                 continue
             committed = {f["rel"] for h in rec.handles.values() for f in h.get("files", ())} \
                 if rec.state is CheckpointState.COMMITTED else set()
@@ -1105,4 +1238,6 @@ class DeltaCommitter(SinkCommitter[DeltaCommittable]):
         if unprovable:
             _log.warning("lingering_kept", sink_id=self.sink_id, files=unprovable[:20], count=len(unprovable),
                          why="no final log record proves these files uncommitted; left for VACUUM")
+        if isinstance(self.files, _LocalFiles):
+            self.files.forget_up_to(up_to)
         return removed

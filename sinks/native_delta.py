@@ -225,6 +225,7 @@ class DeltaNativeTarget(NativeTarget):
             values = _partition_values(f.dir_rel, schema)
             target = os.path.join(root, rel)
             makedirs_durable(os.path.dirname(target))
+            self.sink.files.note(rel)  # the sweep of a committed batch reads these records (delta invariant 7)
             os.rename(staged, target)  # into the table under a name no Delta version references yet
             dirs.add(os.path.dirname(target))
             by_task[f.task].append({"path": rel, "rel": rel, "size": size, "partition_values": values,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import urllib.parse
 
 import pyarrow as pa
@@ -149,30 +151,116 @@ def test_delta_sink_inv4_last_batch_loser_files_deleted_right_after_commit(sink)
         sorted([*range(0, 10), *range(100, 110), *range(1000, 1010), *range(1100, 1110)])
 
 
-def test_delta_sink_inv4_sweep_after_commit_lists_only_the_batchs_directories(sink) -> None:
-    """The per-batch sweep never lists the whole table: only the partition directories the committed Add
-    actions name and the root, for the checkpoint's own names; another sink's file there is untouched."""
-    calls: list[tuple[str, str]] = []
-    real = sink.files.list_named
-    sink.files.list_named = lambda d, prefix: (calls.append((d, prefix)), real(d, prefix))[1]
+def test_delta_sink_inv4_sweep_after_commit_never_lists_the_whole_table(sink) -> None:
+    """The per-batch sweep never lists the whole table; it deletes each batch's loser and leaves another
+    sink's file in the same directories untouched."""
     sink.files.list_data = lambda: (_ for _ in ()).throw(AssertionError("whole-table listing per batch"))
     other = DeltaSink.from_options({"path": sink.uri, "sink.id": "other"}, SCHEMA)
     other.transaction_log().claim("other")
-    foreign = attempt(other, 1, 0, batch(0, 10))  # another query's pre-committed file (in the root), "its" checkpoint 1
+    foreign = attempt(other, 1, 0, batch(0, 10))  # another query's pre-committed files, "its" checkpoint 1
     co = CheckpointCoordinator(sink, sweep_after_commit=sink.sweep_after_commit)
     for cid in (0, 1, 2):
         attempt(sink, cid, 0, batch(cid * 1000, 10))  # a loser per batch
         co.complete_batch(cid, run_checkpoint(sink, cid), expected_tasks=["0", "1"])
-    assert {d for d, _ in calls} == {"", "p=a b", "p=x%3Ay"}
-    assert {p for _, p in calls} == {f"part-{sink_token(sink.sink_id)}-{c:08d}-" for c in (0, 1, 2)}
-    assert {r for d in ("", "p=a b", "p=x%3Ay") for r in real(d, "part-")} == \
-        referenced(sink) | {f["rel"] for f in foreign.handle["files"]}
+    assert set(_data_files(sink)) == referenced(sink) | {f["rel"] for f in foreign.handle["files"]}
+
+
+def _data_files(sink: DeltaSink) -> list[str]:
+    out = []
+    for dirpath, dirnames, filenames in os.walk(sink.uri):
+        dirnames[:] = [d for d in dirnames if not d.startswith("_")]
+        out += [os.path.relpath(os.path.join(dirpath, n), sink.uri) for n in filenames]
+    return out
+
+
+@contextlib.contextmanager
+def directory_reads(root: str):
+    """Every directory os.scandir / os.listdir read under ``root`` while active (os.walk uses os.scandir)."""
+    seen: list[str] = []
+    real_scandir, real_listdir = os.scandir, os.listdir
+
+    def scandir(path=".", *a, **k):
+        seen.append(os.path.abspath(os.fspath(path)))
+        return real_scandir(path, *a, **k)
+
+    def listdir(path=".", *a, **k):
+        seen.append(os.path.abspath(os.fspath(path)))
+        return real_listdir(path, *a, **k)
+
+    os.scandir, os.listdir = scandir, listdir
+    try:
+        yield seen
+    finally:
+        os.scandir, os.listdir = real_scandir, real_listdir
+
+
+@pytest.mark.parametrize("partitioned", [False, True])
+def test_delta_sink_inv7_sweep_after_commit_reads_no_table_directory(tmp_path, partitioned) -> None:
+    """The cost that grew with history: the sweep of a local table scanned the table root (every data file
+    of an unpartitioned table) and each partition folder the batch wrote. Now the commit phase reads no
+    directory of the table but its own record folder of the batch (and _delta_log), however many old
+    files the table holds, and the batch's losers are still deleted right after the commit."""
+    s = DeltaSink.from_options({"path": str(tmp_path / "t"), **({"partitionBy": "p"} if partitioned else {})}, SCHEMA)
+    s.validate_destination()
+    s.transaction_log().claim("test")
+    co = CheckpointCoordinator(s, sweep_after_commit=s.sweep_after_commit)
+    co.complete_batch(0, run_checkpoint(s, 0))
+    data_dirs = {os.path.dirname(os.path.join(s.uri, r)) for r in _data_files(s)} | {s.uri}
+    loser = attempt(s, 1, 0, batch(1000, 10))
+    acks = run_checkpoint(s, 1)
+    with directory_reads(s.uri) as seen:
+        assert co.complete_batch(1, acks) == "COMMITTED"
+    assert not data_dirs & set(seen), f"the sweep read table directories {sorted(data_dirs & set(seen))}"
+    names = os.path.join(s.uri, "_twophase", sink_token(s.sink_id), "names")
+    own = os.path.join(s.uri, "_twophase", sink_token(s.sink_id))  # the log (bounded by log.retain) and the records
+    assert all(p.startswith((os.path.join(s.uri, "_delta_log"), own)) for p in seen if p.startswith(s.uri)), seen
+    assert names + f"/{1:08d}" in seen
+    assert not any(f["rel"] in _data_files(s) for f in loser.handle["files"])
+    assert set(_data_files(s)) == referenced(s)
+    assert not os.listdir(names)  # the records of swept batches are gone too
+
+
+def test_delta_sink_inv7_loser_in_a_partition_the_winner_did_not_write_is_deleted_right_after_commit(sink) -> None:
+    """A loser whose rows went to a partition no committed file of its batch is in (non-deterministic
+    input): its attempt's record names it, so the sweep right after the commit deletes it."""
+    co = CheckpointCoordinator(sink, sweep_after_commit=sink.sweep_after_commit)
+    only = lambda p: pa.record_batch({"id": pa.array([1], pa.int64()), "p": pa.array([p]), "v": pa.array([0.5])},
+                                     schema=SCHEMA)
+    attempt(sink, 0, 0, only("z"), pre_commit=False)  # died while writing p=z
+    attempt(sink, 0, 0, only("w"))  # pre-committed p=w, ack lost
+    co.complete_batch(0, [attempt(sink, 0, 0, only("x:y"))])
+    assert set(_data_files(sink)) == referenced(sink)
+
+
+def test_delta_sink_inv7_zombie_writing_after_any_sweep_is_caught_by_a_later_whole_listing(tmp_path) -> None:
+    """A zombie attempt of checkpoint 1 writes after the scoped sweep of 1, and again after the whole listing
+    that covered 1: each file is deleted by the next whole listing (every log.retain // 2 = 3 checkpoints
+    here), committed files never are, and no record folder of a swept checkpoint is left."""
+    s = DeltaSink.from_options({"path": str(tmp_path / "t"), "log.retain": "6"}, SCHEMA)
+    s.validate_destination()
+    s.transaction_log().claim("test")
+    co = CheckpointCoordinator(s, sweep_after_commit=s.sweep_after_commit)
+    co.complete_batch(0, run_checkpoint(s, 0))
+    co.complete_batch(1, run_checkpoint(s, 1))  # scoped sweep of 1
+    zombie = attempt(s, 1, 0, batch(1000, 10))  # after it
+    assert {f["rel"] for f in zombie.handle["files"]} <= set(_data_files(s))
+    co.complete_batch(2, run_checkpoint(s, 2))  # 2 - (-1) >= 3: the whole table is listed
+    assert set(_data_files(s)) == referenced(s)
+    zombie = attempt(s, 1, 1, batch(1100, 10))  # the zombie writes again, after that whole listing
+    for cid in (3, 4):
+        co.complete_batch(cid, run_checkpoint(s, cid))  # scoped: 1 is not theirs
+    assert {f["rel"] for f in zombie.handle["files"]} <= set(_data_files(s))
+    co.complete_batch(5, run_checkpoint(s, 5))  # 5 - 2 >= 3: whole listing, 1's record still kept (retain 6)
+    assert set(_data_files(s)) == referenced(s)
+    assert DeltaTable(s.uri).to_pyarrow_table().num_rows == 6 * 20
+    names = os.path.join(s.uri, "_twophase", sink_token(s.sink_id), "names")
+    assert not os.listdir(names)
 
 
 def test_delta_sink_inv4_whole_table_listing_catches_what_scoped_sweeps_miss(tmp_path) -> None:
-    """A loser whose rows went to a partition the winner did not write (non-deterministic input), or a
-    zombie's file written after the sweep: the whole-table listing, due every FULL_SWEEP_EVERY checkpoints
-    (here log.retain // 2 = 3), deletes them while the log still has the records that prove them orphaned."""
+    """A file no record names (an attempt of an older version, a record lost to a power cut), or a zombie's
+    file written after the sweep: the whole-table listing, due every FULL_SWEEP_EVERY checkpoints (here
+    log.retain // 2 = 3), deletes them while the log still has the records that prove them orphaned."""
     s = DeltaSink.from_options({"path": str(tmp_path / "t"), "partitionBy": "p", "log.retain": "6"}, SCHEMA)
     s.validate_destination()
     s.transaction_log().claim("test")
@@ -182,8 +270,9 @@ def test_delta_sink_inv4_whole_table_listing_catches_what_scoped_sweeps_miss(tmp
     only_z = pa.record_batch({"id": pa.array([2], pa.int64()), "p": pa.array(["z"]), "v": pa.array([0.5])},
                              schema=SCHEMA)
     co.complete_batch(0, [attempt(s, 0, 0, only_x)])  # scoped
-    attempt(s, 1, 0, only_z)  # the loser of checkpoint 1 wrote partition p=z
-    co.complete_batch(1, [attempt(s, 1, 0, only_x)])  # scoped sweep: p=x%3Ay and the root only
+    attempt(s, 1, 0, only_z)  # the loser of checkpoint 1 wrote partition p=z ...
+    shutil.rmtree(os.path.join(s.uri, "_twophase", sink_token(s.sink_id), "names", f"{1:08d}"))  # ... unrecorded
+    co.complete_batch(1, [attempt(s, 1, 0, only_x)])  # scoped sweep: the records only
     assert any(r.startswith("p=z/") for r in s.files.list_data())
     attempt(s, 1, 0, only_x)  # a zombie of checkpoint 1 finishes after the sweep
     co.complete_batch(2, [attempt(s, 2, 0, only_x)])  # 2 - (-1) >= 3: the whole table is listed
