@@ -215,6 +215,7 @@ def bench_files(sizes: list[int], batches: int) -> list[dict[str, float]]:
             p = Path(d, "out", rel)
             p.parent.mkdir(parents=True, exist_ok=True)
             p.touch()
+        os.sync()  # the old files were written long ago: their metadata is not in the next fsync's journal commit
 
     c = Counter()
     with local_spies(c):
@@ -230,6 +231,7 @@ def bench_delta(sizes: list[int], batches: int) -> list[dict[str, float]]:
     def grow(start: int, n: int) -> None:
         for rel in old_names(sink.sink_id, start, n, False):
             Path(d, "t", rel).touch()
+        os.sync()  # the old files were written long ago: their metadata is not in the next fsync's journal commit
 
     c = Counter()
     with local_spies(c):

@@ -782,7 +782,7 @@ class DeltaSink(SinkSpec[DeltaCommittable]):
             return None
         return dl.DeltaTable(self.uri, storage_options=so)
 
-    def sync_commit(self, checkpoint_id: Optional[int]) -> None:
+    def sync_commit(self, checkpoint_id: Optional[int], since: Optional[int] = None) -> None:
         """Make the table's Delta commit of ``checkpoint_id`` durable (local tables; a store's PUT is durable).
 
         delta-rs writes ``_delta_log/<version>.json`` as a temp file hard-linked into place, with no fsync:
@@ -790,15 +790,33 @@ class DeltaSink(SinkSpec[DeltaCommittable]):
         would be lost. This fsyncs the commit files from the newest version back to the one whose app
         transaction for this sink is ``checkpoint_id`` (or older: the table has it through a later one),
         then the ``_delta_log`` directory (the new names). ``None``: only the newest version (a table
-        creation or schema change). Data files were fsynced when written (the commit only names them)."""
+        creation or schema change). Data files were fsynced when written (the commit only names them).
+
+        ``since``: the table's version before this process committed ``checkpoint_id``: the versions after it
+        are found by probing ``since + 1``, ``since + 2``, ... (a commit per batch, and what other writers
+        committed meanwhile), without listing ``_delta_log``, which grows with every batch (invariant 7)."""
         if self.options.on_s3 or self.options.azure is not None:
             return
         log_dir = os.path.join(self.uri, "_delta_log")
-        try:
-            names = os.listdir(log_dir)
-        except FileNotFoundError:
-            return
-        versions = sorted((int(n[:-5]) for n in names if n.endswith(".json") and n[:-5].isdigit()), reverse=True)
+        versions: list[int] = []
+        if since is not None and checkpoint_id is not None:
+            v = since + 1
+            while os.path.exists(os.path.join(log_dir, f"{v:020d}.json")):
+                versions.append(v)
+                v += 1
+            versions.reverse()
+        if not versions or not self._sync_versions(log_dir, versions, checkpoint_id):
+            try:
+                names = os.listdir(log_dir)
+            except FileNotFoundError:
+                return
+            versions = sorted((int(n[:-5]) for n in names if n.endswith(".json") and n[:-5].isdigit()), reverse=True)
+            self._sync_versions(log_dir, versions, checkpoint_id)
+        fsync_dir(log_dir)
+
+    def _sync_versions(self, log_dir: str, versions: Sequence[int], checkpoint_id: Optional[int]) -> bool:
+        """fsync the commit files ``versions`` (newest first) down to the one holding ``checkpoint_id`` (None:
+        the first); False if none of them holds it."""
         for v in versions:
             path = os.path.join(log_dir, f"{v:020d}.json")
             try:
@@ -812,8 +830,8 @@ class DeltaSink(SinkSpec[DeltaCommittable]):
             finally:
                 os.close(fd)
             if checkpoint_id is None or self._has_txn(body, checkpoint_id):
-                break
-        fsync_dir(log_dir)
+                return True
+        return False
 
     def _has_txn(self, commit: bytes, checkpoint_id: int) -> bool:
         """Whether the Delta commit ``commit`` (JSON lines) sets this sink's app transaction to ``<= checkpoint_id``
@@ -1014,9 +1032,10 @@ class DeltaCommitter(SinkCommitter[DeltaCommittable]):
         props = CommitProperties(
             custom_metadata={"twophase.sink_id": self.sink_id, "twophase.checkpoint_id": checkpoint_id},
             app_transactions=[Transaction(self.sink_id, checkpoint_id, int(time.time() * 1000))])
+        before = dt.version()
         dt.create_write_transaction(actions, "append", dt.schema(), partition_by=list(dt.metadata().partition_columns),
                                     commit_properties=props)
-        self.sink.sync_commit(checkpoint_id)  # durable before the coordinator records COMMITTED
+        self.sink.sync_commit(checkpoint_id, since=before)  # durable before the coordinator records COMMITTED
         _log.info("delta_committed", sink_id=self.sink_id, checkpoint_id=checkpoint_id, files=len(files),
                   records=sum(int(f.get("records", 0)) for f in files), recovering=recovering)
         faults.maybe_crash("mid_commit", checkpoint_id)

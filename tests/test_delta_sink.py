@@ -215,6 +215,7 @@ def test_delta_sink_inv7_sweep_after_commit_reads_no_table_directory(tmp_path, p
     own = os.path.join(s.uri, "_twophase", sink_token(s.sink_id))  # the log (bounded by log.retain) and the records
     assert all(p.startswith((os.path.join(s.uri, "_delta_log"), own)) for p in seen if p.startswith(s.uri)), seen
     assert names + f"/{1:08d}" in seen
+    assert os.path.join(s.uri, "_delta_log") not in seen  # its versions grow with every batch: probed, not listed
     assert not any(f["rel"] in _data_files(s) for f in loser.handle["files"])
     assert set(_data_files(s)) == referenced(s)
     assert not os.listdir(names)  # the records of swept batches are gone too
