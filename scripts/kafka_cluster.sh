@@ -74,6 +74,7 @@ offsets.topic.num.partitions=10
 group.initial.rebalance.delay.ms=0
 unclean.leader.election.enable=false
 replica.lag.time.max.ms=10000
+transaction.abort.timed.out.transaction.cleanup.interval.ms=1000
 PROPS
     cat > "$b/log4j2.properties" <<'PROPS'
 rootLogger.level=WARN

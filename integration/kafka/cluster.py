@@ -47,6 +47,13 @@ class KafkaCluster:
     def resume(self, node: int) -> None:
         self._run("resume", self.dir, str(node))
 
+    def pid(self, node: int) -> Optional[int]:
+        """The PID of broker ``node``'s JVM (None once stopped)."""
+        try:
+            return int(pathlib.Path(self.dir, f"b{node}", "kafka.pid").read_text())
+        except (OSError, ValueError):
+            return None
+
     def alive(self, node: int) -> bool:
         pid = pathlib.Path(self.dir, f"b{node}", "kafka.pid")
         try:

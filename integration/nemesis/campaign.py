@@ -5,8 +5,8 @@
 
 Starts what it needs and stops it afterwards: a cluster (scripts/spark_cluster.sh; or
 ``TWOPHASE_SPARK_MASTER``), Azurite for azure-files and azure-delta, an S3 server for s3 and delta (scripts/s3_server.sh: radosgw, or moto with
-``TWOPHASE_S3_SERVER=moto``, or ``TWOPHASE_S3_ENDPOINT``) and a Kafka broker for kafka (Apache Kafka by scripts/kafka_server.sh, or
-``KAFKA_BOOTSTRAP_SERVERS``). Scenario ``i`` draws its sink and fault from ``random.Random(f"{seed}:{i}")``
+``TWOPHASE_S3_SERVER=moto``, or ``TWOPHASE_S3_ENDPOINT``) and Kafka for kafka: a 3-broker Apache Kafka cluster
+(scripts/kafka_cluster.sh; ``--kafka-brokers 1``: one broker by scripts/kafka_server.sh; or ``KAFKA_BOOTSTRAP_SERVERS``). Scenario ``i`` draws its sink and fault from ``random.Random(f"{seed}:{i}")``
 (each sink and fault kind in turn when ``--runs`` covers them, so a 30-run campaign meets every pair
 it can). Prints each outcome as it ends and the summary table (markdown) at the end; writes both
 (``summary.md``, ``outcomes.json``) to ``--out``. Exit code 1 if any scenario failed. An outcome line
@@ -44,7 +44,7 @@ def plan(runs: int, seed: int, sinks: list[str], faults: list[str]) -> list[tupl
 
 
 @contextlib.contextmanager
-def servers_for(sinks: list[str], base: str) -> Iterator[Servers]:
+def servers_for(sinks: list[str], base: str, kafka_brokers: int = 3) -> Iterator[Servers]:
     with contextlib.ExitStack() as stack:
         external = os.environ.get("TWOPHASE_SPARK_MASTER")
         if external:
@@ -67,7 +67,11 @@ def servers_for(sinks: list[str], base: str) -> Iterator[Servers]:
         if "postgres" in sinks:
             from integration.postgres.server import pg_server
             servers.postgres = stack.enter_context(pg_server())
-        if "kafka" in sinks:
+        if "kafka" in sinks and kafka_brokers > 1 and not os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
+            from integration.kafka.cluster import kafka_cluster
+            servers.kafka_cluster = stack.enter_context(kafka_cluster(kafka_brokers))
+            servers.kafka = servers.kafka_cluster.bootstrap
+        elif "kafka" in sinks:
             from integration.kafka.broker import kafka_broker
             servers.kafka = stack.enter_context(kafka_broker())
         yield servers
@@ -80,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sinks", default=",".join(SINKS))
     ap.add_argument("--faults", default=",".join(FAULTS),
                     help="fault kinds (default: all of them); 'matrix' is every protocol point in one chain")
+    ap.add_argument("--kafka-brokers", type=int, default=3,
+                    help="the kafka target's brokers: 3 (default) is the replicated cluster of scripts/kafka_cluster.sh "
+                         "(needed by coordinator_kill, leader_kill, broker_pause); 1 is one broker (scripts/kafka_server.sh)")
     ap.add_argument("--out", default="", help="directory for summary.md and outcomes.json (default: a temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep every scenario's directories (default: failed ones)")
     ap.add_argument("--replay", default="", metavar="SCENARIO_SEED",
@@ -106,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
           f"--sinks {','.join(sinks)} --faults {','.join(faults)}); results in {out}", flush=True)
     outcomes: list[Outcome] = []
     started = time.monotonic()
-    with servers_for(sinks, base) as servers:
+    with servers_for(sinks, base, args.kafka_brokers) as servers:
         for i, (sink, fault, scenario_seed) in enumerate(scenarios):
             if not servers.available(sink):
                 print(f"[{i + 1}/{len(scenarios)}] {sink}/{fault}: skipped (no server)", flush=True)

@@ -27,8 +27,21 @@ Fault kinds (:data:`FAULTS`; see :func:`run_scenario` for the moments):
                    an executor point (write, after_pre_commit) kills only that executor (scope ``auto``)
 ``recovery``       the driver killed after a checkpoint is durable, then the restart killed inside its
                    recovery (``in_recovery`` or ``mid_commit`` of that checkpoint), then a clean restart
-``pause``          the sink's server (S3 server, Kafka broker, PostgreSQL with its backends) SIGSTOPped past the client's request
-                   timeout while a batch is written, then SIGCONTed; a failed query is restarted
+``pause``          the sink's server (S3 server, Kafka broker or every broker of the cluster, PostgreSQL with its backends)
+                   SIGSTOPped past the client's request timeout while a batch is written, then SIGCONTed; a failed
+                   query is restarted
+``coordinator_kill`` (Kafka, 3-broker cluster) SIGKILL the broker that coordinates a transactional id right before
+                   the driver's EndTxn(commit) of it goes out (a seeded one of the run's first three: mid-commit,
+                   the decision durable); the broker is restarted after the run
+``leader_kill``    (Kafka, 3-broker cluster) SIGKILL the leader of a seeded partition of the output topic while
+                   the batch's tasks produce; restarted after the run
+``broker_pause``   (Kafka, 3-broker cluster) one seeded broker SIGSTOPped 12-18 s while a batch is written: past
+                   the client timeouts (request 4 s), past the controller's fencing (9 s: its partitions and
+                   coordinators move) and past the transactions' timeout (10 s: the broker aborts the expired
+                   ones), then SIGCONTed. A transaction of a decided checkpoint the broker expired must be named:
+                   the run fails with DataLossError naming the checkpoint; the harness resolves it with
+                   ``twophase log resolve --accept-loss`` and counts that batch's input as ``lost (named)``,
+                   never as missing; any other missing record fails the run
 =================  ==========================================================================================
 """
 
@@ -56,7 +69,10 @@ JOB = os.path.join(ROOT, "integration", "nemesis", "job.py")
 CLUSTER_SCRIPT = os.path.join(ROOT, "scripts", "spark_cluster.sh")
 
 FAULTS = ("executor_jvm", "python_worker", "worker", "fetch_failed", "speculation", "driver", "protocol",
-          "recovery", "pause")
+          "recovery", "pause", "coordinator_kill", "leader_kill", "broker_pause")
+#: faults that need the Kafka target on the 3-broker cluster (campaign --kafka-brokers 3, the default)
+KAFKA_CLUSTER_FAULTS = ("coordinator_kill", "leader_kill", "broker_pause")
+HOOK_DIR = os.path.join(ROOT, "integration", "nemesis", "hook")
 SINKS = ("files", "s3", "delta", "kafka", "azure-files", "azure-delta", "postgres")
 DRIVER_POINTS = ("before_complete", "after_complete", "mid_commit", "after_commit")
 EXECUTOR_POINTS = ("write", "after_pre_commit")
@@ -367,8 +383,13 @@ class KafkaTarget(Target):
         super().__init__(tmp, servers)
         from integration.kafka.broker import create_topic, unique
         self.bootstrap = servers.kafka
-        self.in_topic = create_topic(self.bootstrap, unique("nem-in"), 2)
-        self.out_topic = create_topic(self.bootstrap, unique("nem-out"), 2)
+        self.cluster = servers.kafka_cluster  # integration.kafka.cluster.KafkaCluster, or None (one broker)
+        if self.cluster is not None:
+            self.cluster.wait_healthy()
+        make = self.cluster.create_topic if self.cluster is not None else \
+            (lambda topic, n: create_topic(self.bootstrap, topic, n))
+        self.in_topic = make(unique("nem-in"), 2)
+        self.out_topic = make(unique("nem-out"), 2)
         self.prefix = unique("nem")
         self.registry = os.path.join(tmp, "prefix-registry")
 
@@ -405,8 +426,30 @@ class KafkaTarget(Target):
         from integration.kafka.broker import listening_pid
         return listening_pid(self.bootstrap)
 
+    def server_pids(self) -> list[int]:
+        if self.cluster is None:
+            return super().server_pids()
+        return [p for p in (self.cluster.pid(i) for i in range(1, self.cluster.n + 1)) if p is not None]
+
     def pause_options(self) -> dict[str, str]:
         return {"kafka.request.timeout.ms": "4000"}
+
+    def heal(self) -> None:
+        """Every broker of the cluster alive again and both topics back to a full ISR."""
+        if self.cluster is not None:
+            self.cluster.wait_healthy(topics=(self.in_topic, self.out_topic))
+
+    def batch_ids(self, checkpoint: int) -> set[int]:
+        """The input ids of micro-batch ``checkpoint``: its offset range in the offset log (ids were produced
+        round-robin over 2 partitions in order, so id i is partition i % 2, offset i // 2)."""
+        def end(n: int) -> dict[str, int]:
+            if n < 0:
+                return {}
+            with open(os.path.join(self.ck, "offsets", str(n))) as f:
+                last = [ln for ln in f.read().splitlines() if ln.strip()][-1]
+            return {str(p): int(o) for p, o in json.loads(last)[self.in_topic].items()}
+        lo, hi = end(checkpoint - 1), end(checkpoint)
+        return {2 * o + int(p) for p in hi for o in range(lo.get(p, 0), hi[p])}
 
 
 class AzureFilesTarget(FileInput, Target):
@@ -532,6 +575,7 @@ class Servers:
     cluster: Cluster
     s3: Any = None
     kafka: Optional[str] = None
+    kafka_cluster: Any = None  # integration.kafka.cluster.KafkaCluster when kafka is the 3-broker cluster
     azure: Any = None  # integration.azure.azurite.AzureServer
     postgres: Any = None  # integration.postgres.server.PgServer
 
@@ -564,17 +608,22 @@ class Outcome:
     events: list[str] = field(default_factory=list)
     evidence: dict[str, int] = field(default_factory=dict)
     error: str = ""
+    #: checkpoints a DataLossError named (``broker_pause``: a decided transaction the broker expired), resolved
+    #: with --accept-loss; their input records missing from the output are counted in ``lost_named``
+    named_losses: list[int] = field(default_factory=list)
+    lost_named: int = 0
 
     @property
     def ok(self) -> bool:
         return not (self.duplicates or self.missing or self.unexpected or self.leftovers or self.unfinished
-                    or self.error) and self.found == self.records
+                    or self.error) and self.found + self.lost_named == self.records
 
     def line(self) -> str:
         return (f"{self.sink}/{self.fault} seed={self.seed}: records={self.records} found={self.found} "
                 f"duplicates={self.duplicates} missing={self.missing} unexpected={self.unexpected} "
                 f"leftovers={len(self.leftovers)} unfinished={len(self.unfinished)} faults={self.faults_injected} "
                 f"launches={self.launches} {self.seconds:.0f}s {'OK' if self.ok else 'FAILED'}"
+                + (f" lost_named={self.lost_named} (checkpoints {self.named_losses})" if self.named_losses else "")
                 + (f" error={self.error}" if self.error else "")
                 + (f" evidence={self.evidence}" if self.evidence else ""))
 
@@ -601,7 +650,8 @@ class Scenario:
 
     def start(self, *, fault: Optional[str] = None, pace: float = PACE, straggle: float = 0.0,
               extra_conf: Optional[dict[str, str]] = None,
-              extra_options: Optional[dict[str, str]] = None) -> tuple[subprocess.Popen, str]:
+              extra_options: Optional[dict[str, str]] = None,
+              extra_env: Optional[dict[str, str]] = None) -> tuple[subprocess.Popen, str]:
         self.n += 1
         self.o.launches += 1
         app_id_file = os.path.join(self.t.tmp, f"app-id-{self.n}")
@@ -610,6 +660,8 @@ class Scenario:
         env["PYSPARK_PYTHON"] = os.environ.get("PYSPARK_PYTHON", sys.executable)
         env["SPARK_LOCAL_IP"] = "127.0.0.1"
         env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+        for k, v in (extra_env or {}).items():
+            env[k] = v + os.pathsep + env[k] if k == "PYTHONPATH" else v
         if fault:
             marker = os.path.join(self.t.tmp, f"marker-{self.n}")
             fault_env = {"TWOPHASE_FAULT": fault, "TWOPHASE_FAULT_MARKER": marker, "TWOPHASE_FAULT_SCOPE": "auto"}
@@ -629,11 +681,39 @@ class Scenario:
 
     def wait(self, p: subprocess.Popen, timeout: float = JOB_TIMEOUT) -> int:
         try:
-            return p.wait(timeout=timeout)
+            rc = p.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
             raise NemesisError(f"job {self.n} did not finish within {timeout}s; log:\n{self.tail()}") from None
+        if rc != 0:
+            self.resolve_named_loss()
+        return rc
+
+    def resolve_named_loss(self) -> None:
+        """A run that stopped on a DataLossError naming a checkpoint (the only allowed loss: a decided transaction
+        the broker expired): record it, and resolve it as an operator would (``twophase log resolve
+        --accept-loss``), so the next run goes on. Only ``broker_pause`` may lose data; elsewhere it is an error."""
+        import re
+        try:
+            with open(self.log_path(self.n), errors="replace") as f:
+                text = f.read()
+        except OSError:
+            return
+        named = sorted({int(c) for c in re.findall(r"--checkpoint (\d+) --accept-loss", text)}
+                       - set(self.o.named_losses)) if "DataLossError" in text else []
+        for cid in named:
+            self.o.named_losses.append(cid)
+            self.o.events.append(f"run {self.n}: DataLossError named checkpoint {cid}; resolved with --accept-loss")
+            if self.o.fault != "broker_pause":
+                self.o.error = f"data loss (checkpoint {cid}) under {self.o.fault}: only broker_pause may expire"
+            sink = self.t.sink()
+            r = subprocess.run([sys.executable, "-m", "twophase.cli", "log", "resolve", sink.transaction_log().location,
+                                "--sink-id", sink.sink_id, "--checkpoint", str(cid), "--accept-loss",
+                                "--reason", f"nemesis {self.o.fault} seed {self.o.seed}"],
+                               capture_output=True, text=True, timeout=120, cwd=ROOT)
+            if r.returncode != 0:
+                raise NemesisError(f"twophase log resolve --checkpoint {cid} failed: {r.stderr[-2000:]}")
 
     def wait_for(self, what: str, cond: Callable[[], Any], p: subprocess.Popen, timeout: float = 120.0) -> Any:
         deadline = time.monotonic() + timeout
@@ -833,6 +913,61 @@ class Scenario:
         rc = self.wait(p)
         self.supervise(rc, " after the pause")
 
+    def broker_fault(self, kind: str) -> None:
+        """A Kafka broker of the 3-broker cluster killed or paused (``coordinator_kill``, ``leader_kill``,
+        ``broker_pause``; see the module docstring); the cluster is healed (every broker up, ISR full) after the
+        faulted run, then a failed query is restarted as a supervisor would."""
+        cluster = self.t.cluster
+        batches = self.rng.randrange(2, 4)
+        self.t.add_input(batches)
+        batch = self.first_batch() + self.rng.randrange(batches)
+        try:
+            if kind == "coordinator_kill":
+                k = self.rng.randrange(1, 4)
+                hook = os.path.join(self.t.tmp, f"commit-hook-{self.n + 1}")
+                p, app_file = self.start(extra_env={"PYTHONPATH": HOOK_DIR,
+                                                    "TWOPHASE_NEMESIS_COMMIT_HOOK": f"{hook}:{k}"})
+                self.app_id(app_file, p)
+                if not self.wait_for(f"commit EndTxn #{k}", lambda: os.path.exists(hook + ".ready"), p, timeout=180):
+                    raise NemesisError(f"the job ended before its EndTxn(commit) #{k}; log:\n{self.tail()}")
+                with open(hook + ".ready") as f:
+                    tid = f.read().strip()
+                victim = cluster.coordinator(tid, timeout=30)
+                cluster.kill(victim)
+                with open(hook + ".go", "w"):
+                    pass
+                what = f"SIGKILL broker {victim}, the coordinator of {tid}, before EndTxn(commit) #{k}"
+            else:
+                # broker_pause: transactions time out (10 s) within the pause; the faulted run only (a batch slower
+                # than half of it raises the age alarm, invariant 7, which the restarts' default timeout clears)
+                p, app_file = self.start(extra_options={**self.t.pause_options(), "kafka.transaction.timeout.ms": "10000"}
+                                         if kind == "broker_pause" else None)
+                self.app_id(app_file, p)
+                if not self.wait_for(f"batch {batch}", lambda: self.in_flight(batch), p):
+                    raise NemesisError(f"job ended before batch {batch}; log:\n{self.tail()}")
+                delay = self.rng.uniform(0.2, 1.5)
+                time.sleep(delay)
+                if kind == "leader_kill":
+                    part = self.rng.randrange(2)
+                    victim = cluster.partitions(self.t.out_topic)[part][0]
+                    cluster.kill(victim)
+                    what = f"batch {batch} +{delay:.1f}s: SIGKILL broker {victim}, leader of {self.t.out_topic}[{part}]"
+                else:
+                    victim = self.rng.randrange(1, cluster.n + 1)
+                    seconds = self.rng.uniform(12.0, 18.0)
+                    cluster.pause(victim)
+                    try:
+                        time.sleep(seconds)
+                    finally:
+                        cluster.resume(victim)
+                    what = f"batch {batch} +{delay:.1f}s: broker {victim} paused {seconds:.1f}s"
+            self.o.faults_injected += 1
+            self.o.events.append(what)
+            rc = self.wait(p)
+        finally:
+            self.t.heal()
+        self.supervise(rc)
+
     def matrix(self) -> None:
         """Every protocol point once, on the cluster, in one chain of runs (each restart recovers the
         previous crash): executor points kill one executor (the job goes on), driver points the driver.
@@ -917,10 +1052,15 @@ def check(t: Target, o: Outcome) -> None:
     want, seen = Counter(t.ids), Counter(got)
     o.records, o.found = len(t.ids), len(got)
     o.duplicates = max(o.duplicates, sum(c - 1 for i, c in seen.items() if c > 1 and i in want))
-    o.missing = sum(1 for i in want if i not in seen)
+    named: set[int] = set()
+    for cid in o.named_losses:  # a loss a DataLossError named and an operator accepted (see resolve_named_loss)
+        named |= t.batch_ids(cid)
+    o.missing = sum(1 for i in want if i not in seen and i not in named)
+    o.lost_named = sum(1 for i in want if i not in seen and i in named)
     o.unexpected = sum(c for i, c in seen.items() if i not in want)
     o.leftovers = t.leftovers()
-    o.unfinished = {c: s for c, s in t.log_states().items() if s not in ("COMMITTED", "ABORTED")}
+    o.unfinished = {c: s for c, s in t.log_states().items()
+                    if s not in ("COMMITTED", "ABORTED") and not (s == "LOST" and c in o.named_losses)}
 
 
 def run_scenario(sink: str, fault: str, seed: str, servers: Servers, tmp: str,
@@ -950,6 +1090,10 @@ def run_scenario(sink: str, fault: str, seed: str, servers: Servers, tmp: str,
             sc.pause()
         elif fault == "matrix":
             sc.matrix()
+        elif fault in KAFKA_CLUSTER_FAULTS:
+            if getattr(t, "cluster", None) is None:
+                raise NemesisError(f"{fault} needs the Kafka target on the 3-broker cluster (campaign --kafka-brokers 3)")
+            sc.broker_fault(fault)
         else:
             raise NemesisError(f"unknown fault kind {fault!r}; one of {', '.join(FAULTS)}, matrix")
         o.evidence = event_evidence(sc.event_dir)
@@ -971,7 +1115,10 @@ def run_scenario(sink: str, fault: str, seed: str, servers: Servers, tmp: str,
 def faults_for(sink: str) -> tuple[str, ...]:
     """``pause`` stops the sink's server past its client timeouts: S3 and Kafka (the Azure sinks' client has
     no timeout option yet, so a pause would only wait out the SDK's; local files have no server)."""
-    return FAULTS if sink in ("s3", "delta", "kafka", "postgres") else tuple(f for f in FAULTS if f != "pause")
+    if sink == "kafka":
+        return FAULTS
+    return tuple(f for f in FAULTS if f not in KAFKA_CLUSTER_FAULTS
+                 and (f != "pause" or sink in ("s3", "delta", "postgres")))
 
 
 def summary(outcomes: list[Outcome]) -> str:
@@ -980,8 +1127,8 @@ def summary(outcomes: list[Outcome]) -> str:
     for o in outcomes:
         rows.setdefault((o.sink, o.fault), []).append(o)
     lines = ["| sink | fault | runs | faults injected | records | duplicates | missing | leftovers | "
-             "unfinished | failed runs | Spark saw |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "unfinished | lost (named) | failed runs | Spark saw |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for (sink, fault), os_ in sorted(rows.items()):
         ev = Counter()
         for o in os_:
@@ -989,13 +1136,15 @@ def summary(outcomes: list[Outcome]) -> str:
         lines.append(f"| {sink} | {fault} | {len(os_)} | {sum(o.faults_injected for o in os_)} | "
                      f"{sum(o.records for o in os_)} | {sum(o.duplicates for o in os_)} | "
                      f"{sum(o.missing for o in os_)} | {sum(len(o.leftovers) for o in os_)} | "
-                     f"{sum(len(o.unfinished) for o in os_)} | {sum(not o.ok for o in os_)} | "
+                     f"{sum(len(o.unfinished) for o in os_)} | {sum(o.lost_named for o in os_)} | "
+                     f"{sum(not o.ok for o in os_)} | "
                      + ", ".join(f"{k} {v}" for k, v in sorted(ev.items())) + " |")
     total = outcomes
     lines.append(f"| **all** | | {len(total)} | {sum(o.faults_injected for o in total)} | "
                  f"{sum(o.records for o in total)} | {sum(o.duplicates for o in total)} | "
                  f"{sum(o.missing for o in total)} | {sum(len(o.leftovers) for o in total)} | "
-                 f"{sum(len(o.unfinished) for o in total)} | {sum(not o.ok for o in total)} | |")
+                 f"{sum(len(o.unfinished) for o in total)} | {sum(o.lost_named for o in total)} | "
+                 f"{sum(not o.ok for o in total)} | |")
     return "\n".join(lines)
 
 
