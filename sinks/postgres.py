@@ -59,6 +59,9 @@ from twophase.errors import (ConfigurationError, ConstraintViolationError, DataL
 from twophase.sink import CommitStatus, Guarantee, TransactionContext, sink_token
 from twophase.user_sink import TwoPhaseCommitSink, _UserCommitter
 
+from twophase.sinks._postgres_attempts import (attempt_segment, completion_guard, new_run_token, rollback_aborted,
+                                               rollback_dead)
+
 _log = get_logger(__name__)
 
 #: the marker table's default name (in the target table's schema)
@@ -229,6 +232,11 @@ class PostgresSink(TwoPhaseCommitSink[dict]):
         digest = hashlib.sha256(_digest_name(self.schema, self.table).encode()).hexdigest()[:8]
         #: every gid of this sink on this table starts with it (the sweep's proof of ownership)
         self.gid_prefix = f"tp_{sink_token(self.sink_id)}_{digest}_"
+        #: this run's token, in every gid its attempts make (sinks/_postgres_attempts.py): renewed per foreach_batch
+        #: batch, per Spark format planning, per process
+        self.run_token = new_run_token()
+        #: a Spark format's tasks roll back dead attempts of their batch before they begin (spark_format_run)
+        self.roll_back_in_tasks = False
         self._init_local()
 
     def _init_local(self) -> None:
@@ -260,7 +268,7 @@ class PostgresSink(TwoPhaseCommitSink[dict]):
     def gid(self, context: TransactionContext) -> str:
         task = _GID_UNSAFE.sub("_", context.task_id)[:80]
         attempt = re.sub(r"[^A-Za-z0-9]", "", context.attempt_uid)[:32] or "0"
-        return f"{self.gid_prefix}{context.checkpoint_id:020d}_{task}_{attempt}"
+        return f"{self.gid_prefix}{context.checkpoint_id:020d}_{task}_{attempt_segment(self.run_token, attempt)}"
 
     def own_checkpoint(self, gid: str) -> Optional[int]:
         """The checkpoint id of ``gid`` if this sink (on this table) made it, else None."""
@@ -504,8 +512,12 @@ class PostgresSink(TwoPhaseCommitSink[dict]):
     def begin_transaction(self, context: TransactionContext) -> dict:
         self._marker_ready()
         gid = self.gid(context)
-        conn = self.connect(autocommit=False)
+        conn = self.connect(autocommit=self.roll_back_in_tasks)
         try:
+            if self.roll_back_in_tasks and self.guarantee is Guarantee.EXACTLY_ONCE:
+                # a Spark format: this batch's dead attempts of earlier runs hold its keys (_postgres_attempts)
+                rollback_dead(self, conn, lambda cid: cid >= context.checkpoint_id)
+                conn.autocommit = False
             # PostgreSQL's 0 is "wait forever": a positive lockTimeout below 1 ms must not round to it
             ms = int(round(self.lock_timeout * 1000))
             conn.execute(f"SET LOCAL lock_timeout = {max(ms, 1) if self.lock_timeout > 0 else 0}")
@@ -656,26 +668,41 @@ class PostgresSink(TwoPhaseCommitSink[dict]):
             raise self._error(e, f"ROLLBACK PREPARED '{gid}'") from None
 
     def before_batch_tasks(self, checkpoint_id: int) -> int:
-        """Driver, after recovery and before any task of batch ``checkpoint_id`` starts (``foreach_batch``): roll
-        back this sink's prepared transactions of checkpoints ``>= checkpoint_id``; returns how many.
-
-        Each is an attempt of an earlier run that died after PREPARE and before its ack reached a COMPLETED
-        record (recovery committed every COMPLETED one): nothing can commit it any more. The sweep takes such
-        a gid only once a checkpoint ``>=`` it commits, but until then it holds its row locks, so with a unique
-        index (upsertKeys, or a primary key in append mode) every task of the re-run batch writing one of its
-        keys waited ``lockTimeout`` and failed: the batch could never pass. Not for an engine whose recovery
-        can run after the batch's tasks prepared (a Spark format's commit worker)."""
+        """``foreach_batch``, on the driver after recovery and before any task of batch ``checkpoint_id``: a new run
+        token for the batch's attempts, then the dead attempts of earlier runs of checkpoints ``>= checkpoint_id``
+        rolled back (sinks/_postgres_attempts.py: never this run's, never one a completer holds or the log records
+        to commit); returns how many."""
+        self.run_token = new_run_token()
         if self.guarantee is not Guarantee.EXACTLY_ONCE:
             return 0
         psycopg = _psycopg()
         try:
-            rolled = self.rollback_own_prepared(self._driver_conn(), lambda cid: cid >= checkpoint_id)
+            return len(rollback_dead(self, self._driver_conn(), lambda cid: cid >= checkpoint_id))
         except psycopg.Error as e:
             raise self._error(e, "rolling back prepared transactions of an earlier run of the batch") from None
-        if rolled:
-            _log.info("postgres_dead_attempts_rolled_back", sink_id=self.sink_id, checkpoint_id=checkpoint_id,
-                      transactions=rolled)
-        return rolled
+
+    def spark_format_run(self) -> None:
+        """A Spark format planned a batch with this sink object (``streamWriter``): its tasks roll back the batch's
+        dead attempts of earlier runs before they begin (the driver's call cannot: it also runs in the commit worker
+        right before ``commit``, where this batch's own prepared transactions wait)."""
+        self.roll_back_in_tasks = True
+
+    def completion_guard(self, checkpoint_id: int, acks: Sequence[Any]) -> Any:
+        """A context manager the completers (``foreach_batch``, the Spark format's ``commit``) hold around completing
+        and committing ``checkpoint_id``: the fence against a roller of another run (sinks/_postgres_attempts.py)."""
+        if self.guarantee is not Guarantee.EXACTLY_ONCE:
+            import contextlib
+            return contextlib.nullcontext()
+        return completion_guard(self, checkpoint_id, acks)
+
+    def after_runtime_recovery(self, log: Any) -> int:
+        """The embedded runtime, after its recovery and before its tasks: roll back this sink's prepared
+        transactions of checkpoints the job's log recorded ABORTED; returns how many."""
+        psycopg = _psycopg()
+        try:
+            return len(rollback_aborted(self, self._driver_conn(), log))
+        except psycopg.Error as e:
+            raise self._error(e, "rolling back prepared transactions of aborted checkpoints") from None
 
     def rollback_own_prepared(self, conn: Any, take: Callable[[int], bool]) -> int:
         """``ROLLBACK PREPARED`` each of this sink's own prepared transactions whose checkpoint ``take`` accepts
@@ -698,9 +725,9 @@ class PostgresSink(TwoPhaseCommitSink[dict]):
         self._check_init()
         return _PostgresCommitter(self)
 
-    def prepared(self) -> list[str]:
+    def prepared(self, conn: Any = None) -> list[str]:
         """The gids of this sink's prepared transactions (on its table, in its database)."""
-        rows = self._driver_conn().execute(
+        rows = (conn or self._driver_conn()).execute(
             "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() AND starts_with(gid, %s) "
             "ORDER BY gid", (self.gid_prefix,)).fetchall()
         return [r[0] for r in rows if _GID_SAFE.match(r[0])]  # named like ours but not made by gid(): not ours

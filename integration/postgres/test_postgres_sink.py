@@ -136,7 +136,8 @@ def test_pg_inv3_inv4_abort_never_touches_committed_rows_and_the_handle_is_only_
     table = pg.new_table()
     sink = make(pg, tmp_path, table)
     ack = run_task(sink, ctx(sink, 0), [rows(0, 5)])
-    assert ack.handle["txn"] == {"gid": sink.gid(ctx(sink, 0)).rsplit("_", 1)[0] + "_" + ack.handle["attempt_uid"]}
+    assert ack.handle["txn"] == {"gid": sink.gid(ctx(sink, 0)).rsplit("_", 1)[0] + f"_R{sink.run_token}A"
+                                        + ack.handle["attempt_uid"]}
     fresh = pickle.loads(pickle.dumps(sink))
     assert testing.commit(fresh, ack.handle) is CommitStatus.COMMITTED
     for recovering in (False, True, False):

@@ -221,6 +221,10 @@ class JobRunner:
         coord = CheckpointCoordinator(self.committer, self.log, policy=self.policy)
         self.coordinator = coord
         coord.recover()
+        for sink in self.sinks.values():  # twophase-postgres: prepared transactions of ABORTED checkpoints hold locks
+            hook = getattr(sink, "after_runtime_recovery", None)
+            if hook is not None:
+                hook(self.log)
         # step 2: restore
         if self.savepoint is not None and not self._completed_in_run:
             restored_state, restored_from = self.savepoint.task_state, f"savepoint {self.savepoint.checkpoint_id}"

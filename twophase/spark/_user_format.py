@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import inspect
 import re
-from typing import Any
+from typing import Any, List, Optional
 
+from pyspark.sql.datasource import WriterCommitMessage
 from pyspark.sql.types import StructType
 
 from twophase._redact import redact_error
 from twophase.errors import ConfigurationError
-from twophase.spark.datasource import TwoPhaseSinkDataSource
+from twophase.sink import Guarantee
+from twophase.spark.datasource import TwoPhaseCommitMessage, TwoPhaseSinkDataSource, TwoPhaseStreamWriter
 from twophase.user_sink import TwoPhaseCommitSink
 
 #: options Spark (or twophase's adapter) sets itself; never constructor arguments
@@ -88,6 +90,18 @@ def sink_from_options(sink_class: type, name: str, options: dict[str, str]) -> T
     return sink
 
 
+class _UserStreamWriter(TwoPhaseStreamWriter):
+    """The streaming writer of a user's format: a sink's ``completion_guard(batch_id, acks)`` (if it has one) is held
+    around completing and committing the batch (twophase-postgres: the fence of its dead-attempt rollback)."""
+
+    def commit(self, messages: List[Optional[WriterCommitMessage]], batchId: int) -> None:
+        guard = getattr(self.sink, "completion_guard", None)
+        if guard is None or self.sink.guarantee is Guarantee.AT_LEAST_ONCE:
+            return super().commit(messages, batchId)
+        with guard(batchId, [m.ack for m in messages if isinstance(m, TwoPhaseCommitMessage)]):
+            return super().commit(messages, batchId)
+
+
 def _names(params: dict[str, inspect.Parameter]) -> list[str]:
     return [p.name for p in params.values()]
 
@@ -113,7 +127,13 @@ def data_source(sink_class: type, name: str) -> type:
         owner = self.options.get("checkpointlocation")
         if owner:
             sink.bind_owner(owner)
+        run = getattr(sink, "spark_format_run", None)
+        if run is not None:  # twophase-postgres: its tasks roll back the batch's dead attempts of earlier runs
+            run()
         return sink
+
+    def streamWriter(self: TwoPhaseSinkDataSource, schema: StructType, overwrite: bool) -> Any:
+        return _UserStreamWriter(TwoPhaseSinkDataSource.streamWriter(self, schema, overwrite).sink)
 
     def writer(self: TwoPhaseSinkDataSource, schema: StructType, overwrite: bool) -> Any:
         if "loglocation" not in {_norm(k) for k in self.options}:
@@ -130,5 +150,6 @@ def data_source(sink_class: type, name: str) -> type:
         "spec_class": sink_class,
         "build_sink": build_sink,
         "writer": writer,
+        "streamWriter": streamWriter,
     })
     return cls

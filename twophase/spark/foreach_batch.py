@@ -12,6 +12,7 @@ tasks took part. A batch with no partitions completes with no handles (and its r
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 from typing import Any, Callable, Iterator
@@ -55,7 +56,9 @@ def foreach_batch(sink: SinkSpec[Any], *, owner: str | None = None) -> Callable[
         tasks = sorted(a.task_id for a in acks)
         if tasks != [str(i) for i in range(len(acks))]:  # one ack per partition 0..n-1, or something is off
             raise RuntimeError(f"foreach_batch: batch {batch_id} returned acks for partitions {tasks}; expected 0..n-1")
-        CheckpointCoordinator(sink, sweep_after_commit=sink.sweep_after_commit).complete_batch(
-            batch_id, acks, expected_tasks=tasks)
+        guard = getattr(sink, "completion_guard", None)  # twophase-postgres: the fence of its dead-attempt rollback
+        with guard(batch_id, acks) if guard is not None else contextlib.nullcontext():
+            CheckpointCoordinator(sink, sweep_after_commit=sink.sweep_after_commit).complete_batch(
+                batch_id, acks, expected_tasks=tasks)
 
     return write_batch
