@@ -177,7 +177,10 @@ class KafkaSinkOptions:
                 "api_version", "sasl_mechanism", "sasl_plain_username", "sasl_plain_password", "ssl_cafile",
                 "ssl_certfile", "ssl_keyfile", "ssl_password", "ssl_check_hostname", "ssl_crlfile", "ssl_ciphers",
                 "sasl_kerberos_service_name", "sasl_kerberos_domain_name", "connections_max_idle_ms",
-                "retry_backoff_ms", "reconnect_backoff_ms", "reconnect_backoff_max_ms", "client_dns_lookup")
+                "retry_backoff_ms", "reconnect_backoff_ms", "reconnect_backoff_max_ms", "client_dns_lookup",
+                # OAUTHBEARER (OIDC client credentials, MSK IAM): without it the driver's TxnClient had no token and
+                # every EndTxn / InitProducerId failed ('sasl_oauth_token_provider must implement ...')
+                "sasl_oauth_token_provider")
         cfg = {k: v for k, v in self.producer_config.items() if k in keep}
         cfg.setdefault("bootstrap_timeout_ms", 15_000)
         return cfg
