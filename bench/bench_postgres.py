@@ -8,7 +8,8 @@ What runs (no Spark: what Spark costs is the same for both and would hide the di
 - ``plain COPY``: per task, a connection, ``COPY ... FROM STDIN (FORMAT csv)`` of the task's Arrow batch
   (Arrow's CSV writer, as the sink does), ``COMMIT``. The baseline, at-least-once (a crash between COMMIT and the
   checkpoint writes the batch again).
-- ``twophase-postgres``: per task ``run_task`` (connection, COPY, marker row, ``PREPARE TRANSACTION``, the
+- ``twophase-postgres`` (binary COPY, the default ``copyFormat=auto``) and the same with ``copyFormat=csv`` (what
+  the sink sent before binary COPY): per task ``run_task`` (connection, COPY, marker row, ``PREPARE TRANSACTION``, the
   pending record in the local log), then per checkpoint the coordinator's ``complete_batch`` (log records,
   ``COMMIT PREPARED`` per task, the sweep of pg_prepared_xacts and the marker table).
 - ``psycopg write_row``: per task, COPY with ``Copy.write_row`` per row (what hand-written psycopg code often
@@ -112,39 +113,44 @@ def run(server, args) -> None:
            for c in range(args.checkpoints + 1)]  # checkpoint 0 warms up
     small = [[b.slice(0, args.write_row_rows // args.tasks) for b in cp] for cp in cps]
     tmp = tempfile.mkdtemp(prefix="bench-pg-")
-    times: dict[str, list[float]] = {"plain": [], "twophase": [], "write_row": []}
+    times: dict[str, list[float]] = {"plain": [], "twophase": [], "twophase_csv": [], "write_row": []}
     for r in range(args.rounds):
-        plain_t, tp_t, wr_t = (server.new_table(DDL, f"bench_plain{r}"), server.new_table(DDL, f"bench_tp{r}"),
-                               server.new_table(DDL, f"bench_wr{r}"))
-        sink = PostgresSink(url=server.url, table=tp_t, sink_id=f"bench-{r}", log_location=f"{tmp}/log-{r}")
-        sink.validate_destination()
-        log = sink.transaction_log()
-        log.claim(f"bench-{r}")
-        coord = CheckpointCoordinator(sink, log, sweep_after_commit=True)
+        plain_t, wr_t = server.new_table(DDL, f"bench_plain{r}"), server.new_table(DDL, f"bench_wr{r}")
+        sinks = {}
+        for kind, fmt in (("twophase", "auto"), ("twophase_csv", "csv")):  # binary COPY (auto) and CSV COPY
+            table = server.new_table(DDL, f"bench_{kind}{r}")
+            sink = PostgresSink(url=server.url, table=table, sink_id=f"bench-{kind}-{r}",
+                                log_location=f"{tmp}/log-{kind}-{r}", copyFormat=fmt)
+            sink.validate_destination()
+            log = sink.transaction_log()
+            log.claim(f"bench-{kind}-{r}")
+            sinks[kind] = (sink, CheckpointCoordinator(sink, log, sweep_after_commit=True), table)
         plain_copy(server.url, plain_t, cps[0])
-        twophase_checkpoint(sink, coord, 0, cps[0])
-        spent = {"plain": 0.0, "twophase": 0.0, "write_row": 0.0}
-        for c in range(1, args.checkpoints + 1):  # interleaved: the machine's load hits both alike
-            t0 = time.perf_counter()
-            plain_copy(server.url, plain_t, cps[c])
-            t1 = time.perf_counter()
-            twophase_checkpoint(sink, coord, c, cps[c])
-            t2 = time.perf_counter()
-            write_row_copy(server.url, wr_t, small[c])
-            t3 = time.perf_counter()
-            spent["plain"] += t1 - t0
-            spent["twophase"] += t2 - t1
-            spent["write_row"] += t3 - t2
+        for sink, coord, _ in sinks.values():
+            twophase_checkpoint(sink, coord, 0, cps[0])
+        spent = {k: 0.0 for k in times}
+        for c in range(1, args.checkpoints + 1):  # interleaved (order alternated): the machine's load hits all alike
+            order = ["plain", "twophase", "twophase_csv", "write_row"]
+            for kind in (order if c % 2 else order[::-1]):
+                t0 = time.perf_counter()
+                if kind == "plain":
+                    plain_copy(server.url, plain_t, cps[c])
+                elif kind == "write_row":
+                    write_row_copy(server.url, wr_t, small[c])
+                else:
+                    twophase_checkpoint(sinks[kind][0], sinks[kind][1], c, cps[c])
+                spent[kind] += time.perf_counter() - t0
         n = args.rows * args.checkpoints
-        assert server.sql(f"SELECT count(*) FROM {tp_t}") == [(n + args.rows,)], "twophase-postgres lost or doubled rows"
-        times["plain"].append(n / spent["plain"])
-        times["twophase"].append(n / spent["twophase"])
+        for kind, (sink, _, table) in sinks.items():
+            assert server.sql(f"SELECT count(*) FROM {table}") == [(n + args.rows,)], f"{kind} lost or doubled rows"
+            sink.close()
+        for kind in ("plain", "twophase", "twophase_csv"):
+            times[kind].append(n / spent[kind])
         times["write_row"].append(args.write_row_rows * args.checkpoints / spent["write_row"])
-        print(f"# round {r}: plain {times['plain'][-1]:,.0f} rows/s, twophase {times['twophase'][-1]:,.0f} rows/s, "
-              f"write_row {times['write_row'][-1]:,.0f} rows/s", file=sys.stderr)
-        sink.close()
+        print(f"# round {r}: " + ", ".join(f"{k} {v[-1]:,.0f} rows/s" for k, v in times.items()), file=sys.stderr)
     med = {k: statistics.median(v) for k, v in times.items()}
     ratios = [tp / pl for tp, pl in zip(times["twophase"], times["plain"])]
+    ratios_csv = [tp / pl for tp, pl in zip(times["twophase_csv"], times["plain"])]
     print()
     print(f"PostgreSQL {server.sql('SHOW server_version')[0][0]}, {args.checkpoints} checkpoints x {args.tasks} tasks x "
           f"{per_task:,} rows (4 columns, ~100 bytes a row), {args.rounds} rounds interleaved; median rows/s")
@@ -152,8 +158,11 @@ def run(server, args) -> None:
     print("| writer | rows/s | ratio vs plain COPY |")
     print("|---|---:|---:|")
     print(f"| plain psycopg COPY, one transaction per task (baseline, at-least-once) | {med['plain']:,.0f} | 1.00 |")
-    print(f"| twophase-postgres, exactly-once (PREPARE / COMMIT PREPARED) | {med['twophase']:,.0f} | "
+    print(f"| twophase-postgres, exactly-once (PREPARE / COMMIT PREPARED), binary COPY | {med['twophase']:,.0f} | "
           f"{statistics.median(ratios):.2f} (per round: {', '.join(f'{x:.2f}' for x in ratios)}) |")
+    print(f"| twophase-postgres, exactly-once, CSV COPY (copyFormat=csv; before binary COPY) | "
+          f"{med['twophase_csv']:,.0f} | {statistics.median(ratios_csv):.2f} "
+          f"(per round: {', '.join(f'{x:.2f}' for x in ratios_csv)}) |")
     print(f"| psycopg COPY with write_row per row (information) | {med['write_row']:,.0f} | "
           f"{med['write_row'] / med['plain']:.2f} |")
 
@@ -178,9 +187,10 @@ def spark_query(spark, server, mode: str, table: str, ck: str, rows: int, batche
           .selectExpr("value AS id", "concat('g', CAST(value % 7 AS STRING)) AS grp",
                       "concat('payload-', lpad(CAST(value AS STRING), 12, '0'), '-', repeat('x', 60)) AS payload",
                       "CAST(value AS DOUBLE) * 0.5 AS score"))
-    if mode == "twophase":
-        fn = twophase.spark.foreach_batch(PostgresSink(url=server.url, table=table, sink_id=f"bench-{table}"),
-                                          owner=ck)
+    if mode in ("twophase", "twophase_csv"):
+        fmt = "csv" if mode == "twophase_csv" else "auto"
+        fn = twophase.spark.foreach_batch(PostgresSink(url=server.url, table=table, sink_id=f"bench-{table}",
+                                                       copyFormat=fmt), owner=ck)
     else:
         c = conninfo_to_dict(server.url)
         jdbc = f"jdbc:postgresql://{c['host']}:{c['port']}/{c['dbname']}"
@@ -200,9 +210,10 @@ def run_spark(server, args) -> None:
              .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "4").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     tmp = tempfile.mkdtemp(prefix="bench-pg-spark-")
-    rates: dict[str, list[float]] = {"jdbc": [], "twophase": []}
+    rates: dict[str, list[float]] = {"jdbc": [], "twophase": [], "twophase_csv": []}
     for r in range(args.spark_rounds):
-        for mode in (("jdbc", "twophase") if r % 2 == 0 else ("twophase", "jdbc")):
+        modes = ("jdbc", "twophase", "twophase_csv")
+        for mode in (modes if r % 2 == 0 else modes[::-1]):
             table = server.new_table(DDL, f"bench_spark_{mode}{r}")
             res = spark_query(spark, server, mode, table, f"{tmp}/ck-{mode}-{r}", args.spark_rows, args.spark_batches)
             rates[mode].append(res["rows"] / res["seconds"])
@@ -217,8 +228,10 @@ def run_spark(server, args) -> None:
     print("| writer (inside foreachBatch) | rows/s | ratio vs Spark JDBC |")
     print("|---|---:|---:|")
     print(f"| Spark's JDBC writer, df.write.jdbc (baseline, at-least-once) | {med['jdbc']:,.0f} | 1.00 |")
-    print(f"| twophase-postgres, twophase.spark.foreach_batch (exactly-once) | {med['twophase']:,.0f} | "
+    print(f"| twophase-postgres, twophase.spark.foreach_batch (exactly-once), binary COPY | {med['twophase']:,.0f} | "
           f"{med['twophase'] / med['jdbc']:.2f} |")
+    print(f"| twophase-postgres, foreach_batch, CSV COPY (copyFormat=csv; before binary COPY) | "
+          f"{med['twophase_csv']:,.0f} | {med['twophase_csv'] / med['jdbc']:.2f} |")
 
 
 if __name__ == "__main__":

@@ -9,8 +9,9 @@ committer subclass that adds the server-side sweep)::
         "checkpointLocation", checkpoint).start()
 
 Protocol, per task attempt (executor): one connection, a transaction (``lock_timeout`` set), the batch loaded
-with ``COPY ... FROM STDIN (FORMAT csv)`` (Arrow's C++ CSV writer encodes each chunk of ``batchSize`` rows; the
-server parses it: no per-row Python), the transaction's gid inserted into the sink's marker table, then
+with ``COPY ... FROM STDIN`` in PostgreSQL's binary format built from the Arrow buffers with numpy, or, when a
+column's type has no binary form here (numeric), as CSV (Arrow's C++ CSV writer): each chunk of ``batchSize``
+rows, no per-row Python (sinks/_postgres_copy.py), the transaction's gid inserted into the sink's marker table, then
 ``PREPARE TRANSACTION '<gid>'``: durable, invisible, and the connection is closed. The driver commits with
 ``COMMIT PREPARED`` once the checkpoint is durable in the log.
 
@@ -59,6 +60,7 @@ from twophase.errors import (ConfigurationError, ConstraintViolationError, DataL
 from twophase.sink import CommitStatus, Guarantee, TransactionContext, sink_token
 from twophase.user_sink import TwoPhaseCommitSink, _UserCommitter
 
+from twophase.sinks._postgres_copy import binary_types, encode_binary
 from twophase.sinks._postgres_attempts import (attempt_segment, completion_guard, new_run_token, rollback_aborted,
                                                rollback_dead)
 
@@ -197,7 +199,8 @@ class PostgresSink(TwoPhaseCommitSink[dict]):
     ``PGPASSWORD`` or ``~/.pgpass``); ``table`` ``schema.table``; ``mode`` ``append`` (the only mode);
     ``upsertKeys`` comma-separated key columns (a unique index on exactly them): rows are staged in a table of
     the attempt and merged with ``INSERT ... ON CONFLICT (keys) DO UPDATE`` inside the prepared transaction;
-    ``batchSize`` rows per COPY chunk (10000); ``lockTimeout`` seconds a task waits for a row or table lock
+    ``batchSize`` rows per COPY chunk (10000); ``copyFormat`` ``auto`` (binary COPY built from the Arrow buffers
+    when every column's type has a binary form, else CSV: sinks/_postgres_copy.py) or ``csv``; ``lockTimeout`` seconds a task waits for a row or table lock
     (60; a prepared transaction of the same batch holding a key another task upserts waits until its commit:
     partition upserted streams by the keys); ``preparedWarnAfter`` seconds (300); ``markerTable`` (default
     ``<schema>._twophase_commits``).
@@ -208,7 +211,8 @@ class PostgresSink(TwoPhaseCommitSink[dict]):
 
     def __init__(self, url: str, table: str, *, mode: str = "append", upsertKeys: Union[str, Sequence[str], None] = None,
                  batchSize: Union[int, str] = 10000, lockTimeout: Union[float, str] = 60,
-                 preparedWarnAfter: Union[float, str] = 300, markerTable: Optional[str] = None, **kw: Any) -> None:
+                 preparedWarnAfter: Union[float, str] = 300, markerTable: Optional[str] = None,
+                 copyFormat: str = "auto", **kw: Any) -> None:
         super().__init__(**kw)
         if not isinstance(url, str) or not url.strip():
             raise ConfigurationError("twophase-postgres: option 'url' is required: a libpq URI, "
@@ -227,6 +231,10 @@ class PostgresSink(TwoPhaseCommitSink[dict]):
         self.batch_size = int(_int_option("batchSize", batchSize, 1))
         self.lock_timeout = _int_option("lockTimeout", lockTimeout, 0)
         self.prepared_warn_after = _int_option("preparedWarnAfter", preparedWarnAfter, 0)
+        self.copy_format = str(copyFormat).strip().lower()
+        if self.copy_format not in ("auto", "csv"):
+            raise ConfigurationError(f"twophase-postgres: option 'copyFormat' must be 'auto' (binary COPY when every "
+                                     f"column has a binary form, else CSV) or 'csv', got {copyFormat!r}")
         mschema, mtable = _parse_table(markerTable) if markerTable else (self.schema, MARKER_TABLE)
         self.marker_schema, self.marker_table = mschema, mtable
         digest = hashlib.sha256(_digest_name(self.schema, self.table).encode()).hexdigest()[:8]
@@ -546,7 +554,8 @@ class PostgresSink(TwoPhaseCommitSink[dict]):
         psycopg = _psycopg()
         try:
             if state["columns"] is None:
-                self.check_arrow_schema(batch.schema, self.columns(conn))
+                state["table_columns"] = self.columns(conn)
+                self.check_arrow_schema(batch.schema, state["table_columns"])
                 state["columns"] = list(batch.schema.names)
                 if self.upsert_keys:
                     stage = f"_twophase_stage_{hashlib.sha256(txn['gid'].encode()).hexdigest()[:16]}"
@@ -562,15 +571,24 @@ class PostgresSink(TwoPhaseCommitSink[dict]):
                                          f"first batch's {state['columns']} in one task")
             target = (f"{_quote_ident(self.schema)}.{_quote_ident(state['stage'])}" if state["stage"]
                       else self.qualified)
+            if "binary" not in state:  # binary COPY when every column has a binary form (sinks/_postgres_copy.py)
+                state["binary"] = (binary_types(batch.schema, state["table_columns"]) if self.copy_format == "auto"
+                                   else None)
+            types = state["binary"]
             copy_sql = (f"COPY {target} ({', '.join(map(_quote_ident, state['columns']))}) FROM STDIN "
-                        "(FORMAT csv)")
-            table = pa.Table.from_batches([_csv_ready(batch)])
-            options = pacsv.WriteOptions(include_header=False)
+                        f"(FORMAT {'binary' if types else 'csv'})")
             with conn.cursor() as cur, cur.copy(copy_sql) as copy:
-                for start in range(0, table.num_rows, self.batch_size):
-                    buf = io.BytesIO()
-                    pacsv.write_csv(table.slice(start, self.batch_size), buf, options)
-                    copy.write(buf.getbuffer())
+                if types:
+                    for start in range(0, batch.num_rows, self.batch_size):  # one header, one trailer
+                        copy.write(encode_binary(batch.slice(start, self.batch_size), types, header=start == 0,
+                                                 trailer=start + self.batch_size >= batch.num_rows))
+                else:
+                    table = pa.Table.from_batches([_csv_ready(batch)])
+                    options = pacsv.WriteOptions(include_header=False)
+                    for start in range(0, table.num_rows, self.batch_size):
+                        buf = io.BytesIO()
+                        pacsv.write_csv(table.slice(start, self.batch_size), buf, options)
+                        copy.write(buf.getbuffer())
         except ConfigurationError:
             raise
         except psycopg.Error as e:
