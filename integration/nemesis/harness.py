@@ -558,9 +558,11 @@ class PostgresTarget(FileInput, Target):
         return [] if pid is None else [pid] + descendants(pid)  # the backends are processes of their own
 
     def pause_options(self) -> dict[str, str]:
-        # a statement in flight during the pause (a task's COPY or PREPARE, the driver's COMMIT PREPARED) is
-        # cancelled 4 s in: the pause outlasts it; keepalives cannot (the kernel answers for a stopped server)
-        return {"url": self.servers.postgres.url + "?options=-c%20statement_timeout%3D4000"}
+        # the pause (8-12 s) outlasts both: a statement in flight (a task's COPY or PREPARE, the driver's COMMIT
+        # PREPARED) is cancelled 4 s in, a task's transaction idle between its writes is ended 6 s in (its task fails
+        # and is retried); keepalives cannot fire (the kernel answers for a stopped server)
+        return {"url": self.servers.postgres.url + "?options=-c%20statement_timeout%3D4000%20-c%20"
+                                                   "idle_in_transaction_session_timeout%3D6000"}
 
 
 TARGETS: dict[str, type[Target]] = {"files": FilesTarget, "s3": S3Target, "delta": DeltaTarget, "kafka": KafkaTarget,
