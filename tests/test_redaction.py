@@ -43,7 +43,12 @@ URL_PW = "URLPW-in-a-checkpoint-url"
 AZURE_KEY = "QVpVUkVLRVktc2hhcmVkLWtleS1vZi10aGUtYWNjb3VudA=="
 AZURE_SIG = "AZURESIG-c2lnbmF0dXJlLW9mLXRoZS1zYXM%3D"
 AZURE_SAS = f"sv=2022-11-02&ss=b&srt=co&sp=rwdl&se=2030-01-01&sig={AZURE_SIG}"
-SECRETS = (S3_SECRET, S3_TOKEN, SASL_PW, JAAS_PW, SSL_PW, STORAGE_SECRET, URL_PW, AZURE_KEY, AZURE_SIG)
+OIDC_SECRET = "OIDCSECRET-client-credentials-7c2e"
+#: an OAUTHBEARER access token as a token endpoint answers it (a JWT; the signature part is what must not leak)
+JWT_SIG = "SIGNATUREofTheAccessTokenJWT-8f3a"
+JWT = f"eyJhbGciOiJSUzI1NiIsImtpZCI6IngifQ.eyJzdWIiOiJhcHAiLCJleHAiOjF9.{JWT_SIG}"
+SECRETS = (S3_SECRET, S3_TOKEN, SASL_PW, JAAS_PW, SSL_PW, STORAGE_SECRET, URL_PW, AZURE_KEY, AZURE_SIG, OIDC_SECRET,
+           JWT_SIG)
 
 S3_CREDS = {"s3.endpoint": "http://127.0.0.1:1", "s3.accessKeyId": "AKIDEXAMPLE", "s3.secretAccessKey": S3_SECRET,
             "s3.sessionToken": S3_TOKEN}
@@ -53,6 +58,12 @@ KAFKA_JAAS = {"kafka.bootstrap.servers": "h1:9092", "kafka.security.protocol": "
 KAFKA_PLAIN = {"kafka.bootstrap.servers": "h1:9092", "kafka.security.protocol": "SASL_PLAINTEXT",
                "kafka.sasl.mechanism": "PLAIN", "kafka.sasl.plain.username": "bob",
                "kafka.sasl.plain.password": SASL_PW}
+KAFKA_OAUTH = {"kafka.bootstrap.servers": "h1:9092", "kafka.security.protocol": "SASL_SSL",
+               "kafka.sasl.mechanism": "OAUTHBEARER", "kafka.sasl.oauthbearer.token.endpoint.url": "http://127.0.0.1:1/t",
+               "kafka.sasl.login.callback.handler.class":
+                   "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginCallbackHandler",
+               "kafka.sasl.jaas.config": "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required "
+                                         f'clientId="app" clientSecret="{OIDC_SECRET}" scope="kafka";'}
 KAFKA_SCHEMA = pa.schema([("key", pa.binary()), ("value", pa.binary())])
 DELTA_SCHEMA = pa.schema([("id", pa.int64()), ("v", pa.string())])
 
@@ -191,6 +202,42 @@ def test_kafka_source_options_repr_hides_sasl_and_ssl_passwords(kafka) -> None:
     o = KafkaSourceOptions.from_options({**kafka, "subscribe": "in"})
     assert o.consumer_config["sasl_plain_password"] in (SASL_PW, JAAS_PW)
     assert_no_secret(texts(o), "Kafka source options")
+
+
+def test_redact_text_masks_json_web_tokens_and_authorization_header_credentials() -> None:
+    out = redact_text(f'sasl token {JWT}; headers={{"Authorization": "Bearer {OIDC_SECRET}"}} '
+                      f"Authorization: Basic {OIDC_SECRET} {{\"access_token\": \"{JWT}\"}}")
+    assert_no_secret(out, "redact_text")
+    assert out.count(MASK) == 4, out
+    # words about authorization stay (a broker's refusal must still say what was refused)
+    for text in ("TopicAuthorizationFailedError: topic t", "HTTP Basic client authentication",
+                 "refused the client credentials (HTTP 401 Unauthorized)"):
+        assert redact_text(text) == text
+
+
+def test_kafka_oauthbearer_client_secret_and_token_never_in_reprs_logs_or_librdkafka_errors(caplog) -> None:
+    """OAUTHBEARER (OIDC client credentials): the client secret is in no repr of the sink, the source, their options
+    or the token provider, nor in a structured log line of the producer settings (kafka-python's or librdkafka's);
+    a librdkafka error echoing the secret or a token is masked. The secret still pickles to executors."""
+    from twophase._kafka import librdkafka_config
+    from twophase._redact import redact_error
+    caplog.set_level(logging.DEBUG, logger="twophase.test_redaction")
+    sink = KafkaSink.from_options({**KAFKA_OAUTH, "topic": "out", "checkpointLocation": "/tmp/ck-o"}, KAFKA_SCHEMA)
+    source = KafkaSourceOptions.from_options({**KAFKA_OAUTH, "subscribe": "in"})
+    provider = sink.options.producer_config["sasl_oauth_token_provider"]
+    assert_no_secret(texts(sink.options, sink, source, provider, sink.options.producer_config,
+                           sink.options.connection_config()), "OAUTHBEARER reprs")
+    assert pickle.loads(pickle.dumps(sink)).options.producer_config["sasl_oauth_token_provider"].client_secret \
+        == OIDC_SECRET
+    # the driver's TxnClient gets the provider (it authenticates with OAUTHBEARER too)
+    assert sink.options.connection_config()["sasl_oauth_token_provider"] == provider
+    rd = librdkafka_config(sink.options.producer_config, what="t")
+    assert rd["sasl.oauthbearer.client.secret"] == OIDC_SECRET
+    get_logger("twophase.test_redaction").warning("producer", librdkafka=rd, producer=dict(sink.options.producer_config))
+    assert_no_secret(caplog.text, "log text")
+    assert_no_secret(json.dumps(caplog.records[0].twophase, default=str), "structured log fields")
+    error = Exception(f"OIDC token retrieval failed for client_secret {OIDC_SECRET}: token {JWT} rejected")
+    assert_no_secret(redact_error(error, rd), "librdkafka error")
 
 
 # --------------------------------------------------------------------------- error messages
@@ -360,7 +407,7 @@ class _FakeProducer:
         pass
 
 
-@pytest.mark.parametrize("kafka", [KAFKA_JAAS, KAFKA_PLAIN], ids=["jaas", "sasl-plain"])
+@pytest.mark.parametrize("kafka", [KAFKA_JAAS, KAFKA_PLAIN, KAFKA_OAUTH], ids=["jaas", "sasl-plain", "oauthbearer"])
 def test_kafka_sink_pre_commit_handle_and_transaction_log_hold_no_secret(kafka, tmp_path, capsys) -> None:
     log_dir = str(tmp_path / "log")
     sink = KafkaSink.from_options({**kafka, **S3_CREDS, "topic": "out", "log.location": log_dir,

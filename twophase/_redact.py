@@ -1,7 +1,7 @@
 """Secrets never leave the process in text: the one place that decides what is secret and masks it.
 
 Secrets (S3 keys, Azure account keys, SAS tokens and connection strings, SASL / SSL passwords, session
-tokens, JAAS configs) must appear in no log line,
+tokens, JAAS configs, OAUTHBEARER client secrets and access tokens) must appear in no log line,
 error message, ``repr``, transaction log record or ``twophase log inspect`` output. Everything that
 turns options or configuration into text goes through this module:
 
@@ -12,7 +12,7 @@ turns options or configuration into text goes through this module:
   is the sink's naming digest, :func:`twophase.sink.sink_token`, public by design).
 - :func:`redact_value` ``(name, value)``: ``***`` for a secret name, else the value with secrets
   embedded in text masked (:func:`redact_text`: ``password="..."`` in a JAAS config, ``user:pass@`` in
-  a URL, ``token=...`` in a query string); mappings and sequences are redacted recursively.
+  a URL, ``token=...`` in a query string, a JSON Web Token, an ``Authorization:`` header's credentials); mappings and sequences are redacted recursively.
 - :func:`redact_mapping`: a copy of a mapping with every secret-named value masked (recursively).
 - :func:`redact_json`: only the text patterns, keys untouched: for data keyed by user names (topics,
   task ids), where a topic called ``tokens`` must not lose its offsets.
@@ -66,6 +66,13 @@ _SAS_SIG = re.compile(r"(?P<pre>(?:^|[?&;\s\"'])sig=)(?P<sig>[^&\s;\"']+)", re.I
 _URL_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^/\s:@]*):(?P<pw>[^\s@]+)@")
 
 
+# a JSON Web Token (OAUTHBEARER access tokens, OIDC id tokens): three base64url parts, the first a JSON object
+_JWT = re.compile(r"\beyJ[A-Za-z0-9_\-]{4,}\.[A-Za-z0-9_\-]{4,}\.[A-Za-z0-9_\-]*")
+# an HTTP Authorization header's credentials (Bearer token, Basic client id:secret) in a logged request or error
+_AUTHORIZATION = re.compile(r"""(?P<pre>\b(?:proxy-)?authorization["']?\s*[:=]\s*["']?(?:[A-Za-z][\w-]*\s+)?)"""
+                            r"""(?P<cred>[^\s"',;}]+)""", re.IGNORECASE)
+
+
 def _mask_key_value(m: re.Match[str]) -> str:
     if not is_secret_name(m.group("key")):
         return m.group(0)
@@ -78,10 +85,12 @@ def redact_text(text: str) -> str:
     """``text`` with secrets embedded in it masked: ``password="..."`` (JAAS), ``secret=...``/``token=...``
     pairs (query strings, config text), ``AccountKey=...`` / ``SharedAccessSignature=...`` of Azure
     connection strings, the ``sig=`` of Azure SAS tokens and the password of ``scheme://user:password@host``
-    URLs."""
+    URLs, JSON Web Tokens (OAUTHBEARER access tokens) and the credentials of an ``Authorization:`` header."""
     if not text:
         return text
     out = _URL_USERINFO.sub(lambda m: f"{m.group('scheme')}{m.group('user')}:{MASK}@", text)
+    out = _JWT.sub(MASK, out)
+    out = _AUTHORIZATION.sub(lambda m: f"{m.group('pre')}{MASK}", out)
     out = _SAS_SIG.sub(lambda m: f"{m.group('pre')}{MASK}", out)
     return _KEY_VALUE.sub(_mask_key_value, out)
 
