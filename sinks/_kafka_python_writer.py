@@ -59,6 +59,8 @@ class KafkaTransaction:
     records: int = 0
     errors: list[BaseException] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: the transaction_timeout_ms the producer was created with (what the handle records for the age check)
+    timeout_ms: Optional[int] = None
 
     def fail(self, error: BaseException) -> None:
         """Errback of every send (sender thread): the record was not written."""
@@ -121,7 +123,10 @@ class KafkaPythonWriter(_KafkaWriterBase):
         self.sink._remember(tid, context.checkpoint_id, pe.epoch)
         _log.debug("transaction_begun", transactional_id=tid, checkpoint_id=context.checkpoint_id,
                    task=context.task_id, task_attempt_id=context.task_attempt_id, epoch=pe.epoch)
-        return KafkaTransaction(context, tid, producer, time.time())
+        # the handle records the timeout this producer really has, not the process's latest choice (which a
+        # long-lived process may have changed since: K-2)
+        return KafkaTransaction(context, tid, producer, time.time(),
+                                timeout_ms=producer.config.get("transaction_timeout_ms"))
 
     def _write(self, batch: pa.RecordBatch) -> int:
         n = batch.num_rows
@@ -180,7 +185,7 @@ class KafkaPythonWriter(_KafkaWriterBase):
         committable = KafkaCommittable(
             checkpoint_id=c.checkpoint_id, task_id=c.task_id, attempt_uid=c.attempt_uid, records=txn.records,
             guarantee=self.sink.guarantee.value, transactional_id=txn.transactional_id, partitions=partitions,
-            began_at=txn.began_at, timeout_ms=self.sink.known_timeout_ms(), producer_id=producer_id,
+            began_at=txn.began_at, timeout_ms=txn.timeout_ms, producer_id=producer_id,
             epoch=epoch)
         # end the task without committing or aborting: close only stops the sender thread
         producer.close(timeout=5)

@@ -49,6 +49,8 @@ class RdKafkaTransaction:
     fatal: list[Any] = field(default_factory=list)
     #: the newest ``eos`` object of librdkafka's statistics (producer_id, producer_epoch, txn_state)
     eos: dict[str, Any] = field(default_factory=dict)
+    #: the transaction.timeout.ms the producer was created with (what the handle records for the age check)
+    timeout_ms: Optional[int] = None
 
     def on_delivery(self, err: Any, msg: Any) -> None:
         """Delivery report of one record (the only per-record Python work besides ``produce``)."""
@@ -126,8 +128,9 @@ class KafkaWriter(_KafkaWriterBase):
                # librdkafka's own log lines go to Python logging (served in poll/flush), not raw to stderr
                "logger": logging.getLogger(LIBRDKAFKA_LOGGER)}
         if txn.transactional_id is not None:
+            txn.timeout_ms = self.sink.effective_timeout_ms()
             cfg.update({"transactional.id": txn.transactional_id,
-                        "transaction.timeout.ms": self.sink.effective_timeout_ms(),
+                        "transaction.timeout.ms": txn.timeout_ms,
                         "delivery.timeout.ms": self.sink.delivery_timeout_ms(LIBRDKAFKA_DELIVERY_TIMEOUT_MS),
                         "statistics.interval.ms": self.STATS_INTERVAL_MS, "stats_cb": txn.on_stats})
         else:
@@ -269,7 +272,7 @@ class KafkaWriter(_KafkaWriterBase):
         committable = KafkaCommittable(
             checkpoint_id=c.checkpoint_id, task_id=c.task_id, attempt_uid=c.attempt_uid, records=txn.records,
             guarantee=self.sink.guarantee.value, transactional_id=txn.transactional_id, partitions=partitions,
-            began_at=txn.began_at, timeout_ms=self.sink.known_timeout_ms(), producer_id=txn.producer_id,
+            began_at=txn.began_at, timeout_ms=txn.timeout_ms, producer_id=txn.producer_id,
             epoch=txn.epoch)
         # the task ends without committing or aborting: the producer is dropped, NEVER closed (close() aborts)
         txn.producer = None

@@ -135,6 +135,11 @@ def bootstrap_error(config: Mapping[str, Any], timeout_ms: int, cause: Optional[
             f"kafka.sasl.mechanism={config.get('sasl_mechanism')}){reason}; check the user name and password in "
             "kafka.sasl.jaas.config (the password is not shown) and that the brokers enable this kafka.sasl.mechanism "
             "for the user")
+    if cause is not None and "OAUTHBEARER: token endpoint" in str(cause):   # twophase._kafka_oauth's provider
+        return ConfigurationError(
+            f"twophase-kafka: no OAUTHBEARER token for the brokers at {where}{reason}; check clientId and "
+            "clientSecret in kafka.sasl.jaas.config (the secret is not shown), scope, and "
+            "kafka.sasl.oauthbearer.token.endpoint.url")
     if cause is not None and _is_tls(cause):
         return ConfigurationError(
             f"twophase-kafka: the TLS handshake with the brokers at {where} failed (kafka.security.protocol="

@@ -41,7 +41,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, TypeVar
 
 import pyarrow as pa
 
@@ -104,6 +104,8 @@ class KafkaOffsetReader:
         self._hw_consumer: Any = None
         #: monotonic time of the last batch with data (minOffsetsPerTrigger); None: none yet, the first is not held
         self._last_batch: Optional[float] = None
+        #: topics whose READ / DESCRIBE ACLs were checked (once each: _check_acls)
+        self._acls_checked: set[str] = set()
 
     @property
     def consumer(self) -> Any:
@@ -143,15 +145,19 @@ class KafkaOffsetReader:
         whose whole name matches subscribePattern now (internal ``__`` topics excluded; none is fine: a
         topic created later is read from its first offset by a later batch)."""
         if self.options.assign is not None:
+            self._check_acls(self.options.assign)
             return [(t, p) for t, ps in sorted(self.options.assign.items()) for p in ps]
         out = []
         if self.options.subscribe_pattern is not None:
             pattern = _topic_pattern(self.options.subscribe_pattern)
             topics = self._call("listing topics", lambda c: c.topics())
-            for topic in sorted(t for t in topics if not t.startswith("__") and pattern.fullmatch(t)):
+            matched = sorted(t for t in topics if not t.startswith("__") and pattern.fullmatch(t))
+            self._check_acls(matched)
+            for topic in matched:
                 parts = self._call(f"partitions of {topic}", lambda c: c.partitions_for_topic(topic))
                 out.extend((topic, p) for p in sorted(parts or ()))
             return out
+        self._check_acls(self.options.subscribe)
         deadline = time.monotonic() + 30
         for topic in self.options.subscribe:
             parts = self._call(f"partitions of {topic}", lambda c: c.partitions_for_topic(topic))
@@ -162,6 +168,16 @@ class KafkaOffsetReader:
                 raise ConfigurationError(f"{SOURCE}: subscribed topic {topic!r} does not exist")
             out.extend((topic, p) for p in sorted(parts))
         return out
+
+    def _check_acls(self, topics: Iterable[str]) -> None:
+        """Once per topic: READ and DESCRIBE allowed (sources/_kafka_acls.py), else a ConfigurationError naming them."""
+        new = set(topics) - self._acls_checked
+        if not new:
+            return
+        from twophase.sources._kafka_acls import check_source_acls
+        bootstrap = ",".join(self.options.connection_config().get("bootstrap_servers") or ())
+        self._call(f"ACLs of {sorted(new)}", lambda c: check_source_acls(c, new, bootstrap))
+        self._acls_checked |= new
 
     def _offsets(self, which: str, tps: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
         """Earliest or latest (last stable offset with read_committed) offsets of ``tps``."""

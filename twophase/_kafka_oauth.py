@@ -136,8 +136,8 @@ class OidcTokenProvider(_CachedTokenProvider):
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
                 body = json.loads(response.read().decode("utf-8"))
         except urllib.error.HTTPError as e:
-            raise TransientSinkError(f"{where} refused the client credentials: HTTP {e.code} "
-                                     f"{redact_values(str(e.reason), [self.client_secret])}") from None
+            raise TransientSinkError(f"{where} refused the client credentials (HTTP {e.code} "
+                                     f"{redact_values(str(e.reason), [self.client_secret])})") from None
         except (OSError, ValueError) as e:
             raise TransientSinkError(f"{where} gave no token: {type(e).__name__}: "
                                      f"{redact_values(str(e), [self.client_secret])}") from None
