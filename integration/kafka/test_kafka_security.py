@@ -10,6 +10,7 @@ SASL_PLAINTEXT with PLAIN and SCRAM-SHA-512, SSL (the CA as PEM) and SASL_SSL, f
 from __future__ import annotations
 
 import logging
+import os
 import time
 import uuid
 
@@ -21,6 +22,10 @@ from integration.kafka.secure_kafka import PLAIN_JAAS, SCRAM_JAAS, USERS, secure
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(300)]
 
 CLIENTS = ("librdkafka", "kafka-python")
+#: tests written in session 13 that could not run before its deadline (the shared Spark/JVM lock was held by long
+#: campaigns): skipped by default until they pass 3 times; TWOPHASE_KAFKA_SECURITY_NEW=1 runs them
+UNVERIFIED = pytest.mark.skipif(os.environ.get("TWOPHASE_KAFKA_SECURITY_NEW") != "1",
+                                reason="not yet run 3 times on a real broker: TWOPHASE_KAFKA_SECURITY_NEW=1 runs it")
 
 
 @pytest.fixture(scope="module")
@@ -231,13 +236,62 @@ def test_kafka_security_principal_without_acls_fails_at_start_naming_the_acls_ne
         assert committed_values(k.plaintext, topic) == sorted(f"acl-{i}".encode() for i in range(7))
 
 
-def _grant(bootstrap: str, principal: str, resources) -> None:
-    """WRITE and DESCRIBE for ``principal`` on ``resources`` (over the PLAINTEXT listener: ANONYMOUS is super user)."""
+@UNVERIFIED
+def test_kafka_security_source_needs_only_topic_read_and_describe_and_names_a_missing_acl_at_start():
+    """With StandardAuthorizer: the source's minimum ACLs are READ and DESCRIBE on the topic (no group, cluster or
+    transactional-id ACL), shown by reading every record with both readers after granting exactly those; with none,
+    or DESCRIBE without READ, the first offset query is a ConfigurationError naming the missing ACL (it was
+    'subscribed topic does not exist' after 30 s, or a task failure on the executors)."""
+    from confluent_kafka.admin import AclOperation, ResourcePatternType, ResourceType
+    from integration.kafka.broker import produce
+    from twophase.errors import ConfigurationError
+    from twophase.sources.kafka import KafkaSource
+
+    with secure_kafka_broker("authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+                             "super.users=User:ANONYMOUS") as k:
+        topic = create_topic(k.plaintext, unique("acl-src"), 2)
+        values = [f"v{i}".encode() for i in range(10)]
+        produce(k.plaintext, topic, values)
+        bootstrap, sec = _security_options(k, "SASL_PLAINTEXT/SCRAM-SHA-512")
+
+        def read(client: str) -> list:
+            source = KafkaSource.from_options({"kafka.bootstrap.servers": bootstrap, "subscribe": topic,
+                                               "kafkaClient": client, "startingOffsets": "earliest",
+                                               "kafka.bootstrap.timeout.ms": "10000", **sec})
+            try:
+                start = source.initial_offset()
+                end = source.latest_offset(start)
+                reader = source.reader()
+                return [v for split in source.splits(start, end) for batch in reader.read(split)
+                        for v in batch.to_pydict()["value"]]
+            finally:
+                source.close()
+
+        for client in CLIENTS:
+            with pytest.raises(ConfigurationError) as e:
+                read(client)
+            assert f"READ and DESCRIBE on topic {topic!r}" in str(e.value), str(e.value)
+            assert "--operation Read --operation Describe" in str(e.value) and USERS["alice"] not in str(e.value)
+        topic_acl = [(ResourceType.TOPIC, topic, ResourcePatternType.LITERAL)]
+        _grant(k.plaintext, "User:alice", topic_acl, ops=(AclOperation.DESCRIBE,))
+        for client in CLIENTS:
+            with pytest.raises(ConfigurationError) as e:
+                read(client)
+            assert f"READ on topic {topic!r}" in str(e.value) and "DESCRIBE on" not in str(e.value), str(e.value)
+        _grant(k.plaintext, "User:alice", topic_acl, ops=(AclOperation.READ,))
+        for client in CLIENTS:
+            assert sorted(read(client)) == sorted(values), client
+
+
+def _grant(bootstrap: str, principal: str, resources, ops=None) -> None:
+    """``ops`` (default WRITE and DESCRIBE) for ``principal`` on ``resources`` (over the PLAINTEXT listener:
+    ANONYMOUS is super user)."""
     from confluent_kafka.admin import (AclBinding, AclBindingFilter, AclOperation, AclPermissionType, AdminClient,
                                        ResourcePatternType, ResourceType)
     admin = AdminClient({"bootstrap.servers": bootstrap})
+    ops = ops or (AclOperation.WRITE, AclOperation.DESCRIBE)
     bindings = [AclBinding(kind, name, pattern, principal, "*", op, AclPermissionType.ALLOW)
-                for kind, name, pattern in resources for op in (AclOperation.WRITE, AclOperation.DESCRIBE)]
+                for kind, name, pattern in resources for op in ops]
     for f in admin.create_acls(bindings).values():
         f.result(timeout=30)
     # the ACLs reach the broker's authorizer through the metadata log: wait until it lists every one of them
