@@ -260,12 +260,13 @@ def main() -> int:
         shutil.rmtree(work, ignore_errors=True)
     best = {k: max(v, key=lambda x: x["rows"] / x["seconds"]) for k, v in results.items() if v}
     rate = {k: b["rows"] / b["seconds"] for k, b in best.items()}
-    base_mode = "spark-delta" if "spark-delta" in rate else "spark-parquet"
+    base_mode = ("spark-delta" if "spark-delta" in rate else "spark-delta-s3" if "spark-delta-s3" in rate
+                 else "spark-parquet")
     base = rate.get(base_mode)
     total = args.rows_per_batch * args.batches
     print()
     versions = ""
-    if "spark-delta" in modes:
+    if base_mode.startswith("spark-delta"):
         import importlib.metadata
         import pyspark
         versions = (f", pyspark {pyspark.__version__}, delta-spark {importlib.metadata.version('delta-spark')}, "
@@ -273,11 +274,11 @@ def main() -> int:
                     + f", delta-spark snapshotPartitions {args.delta_snapshot_partitions or args.partitions}"
                     + (f", Delta tables partitioned by value % {args.partition_by}" if args.partition_by else
                        ", unpartitioned Delta tables"))
-    print(f"Spark rate-micro-batch -> {'Delta' if base_mode == 'spark-delta' else 'Parquet'}, {total:,} rows measured ({args.batches} batches x "
+    print(f"Spark rate-micro-batch -> {'Delta' if base_mode.startswith('spark-delta') else 'Parquet'}, {total:,} rows measured ({args.batches} batches x "
           f"{args.rows_per_batch:,} rows, {args.partitions} partitions), best of {args.rounds} rounds, "
           f"started {started}{versions}, this machine ({os.cpu_count()} cores, shared), rounds interleaved")
     print()
-    what = "Spark's Delta sink" if base_mode == "spark-delta" else "Spark parquet"
+    what = "Spark's Delta sink" if base_mode.startswith("spark-delta") else "Spark parquet"
     print(f"| sink | rows/s | median batch ms | ratio vs {what} | commit phase ms/batch (median / max) "
           "| Delta commit in the table ms/batch (median / max) |")
     print("|---|---:|---:|---:|---:|---:|")
