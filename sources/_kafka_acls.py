@@ -33,7 +33,16 @@ def _operations(topic: Mapping[str, Any]) -> Optional[frozenset[str]]:
         if ops < 0:    # -2147483648: not asked / not provided
             return None
         return frozenset(name for name, code in _OPERATIONS.items() if ops & (1 << code))
-    return frozenset(str(getattr(o, "name", o)).upper() for o in ops)
+    names = {code: name for name, code in _OPERATIONS.items()}
+    out = set()
+    for o in ops:   # AclOperation enums, their names, or their codes
+        if hasattr(o, "name"):
+            out.add(str(o.name).upper())
+        elif isinstance(o, int):
+            out.add(names.get(o, str(o)))
+        else:
+            out.add(str(o).upper())
+    return frozenset(out)
 
 
 def missing_acls(described: Iterable[Mapping[str, Any]], topics: Iterable[str]) -> dict[str, list[str]]:
@@ -49,7 +58,9 @@ def missing_acls(described: Iterable[Mapping[str, Any]], topics: Iterable[str]) 
             out[topic] = list(NEEDED)
             continue
         ops = _operations(entry)
-        if ops is not None and "ALL" not in ops:
+        # a topic the broker described is one the principal may DESCRIBE: operations without DESCRIBE are a form
+        # this check does not read (never a reason to refuse the query)
+        if ops is not None and "ALL" not in ops and "DESCRIBE" in ops:
             lacking = [op for op in NEEDED if op not in ops]
             if lacking:
                 out[topic] = lacking

@@ -16,11 +16,15 @@ READ, WRITE, DESCRIBE = 1 << 3, 1 << 4, 1 << 8
 def test_missing_acls_from_the_authorized_operations_bits_and_a_refused_topic() -> None:
     described = [{"name": "ok", "error_code": 0, "topic_authorized_operations": READ | DESCRIBE | WRITE},
                  {"name": "no-read", "error_code": 0, "topic_authorized_operations": DESCRIBE},
+                 {"name": "codes", "error_code": 0, "topic_authorized_operations": [3, 8, 4]},
+                 {"name": "code-no-read", "error_code": 0, "topic_authorized_operations": [8]},
+                 {"name": "unreadable", "error_code": 0, "topic_authorized_operations": ["x", "y"]},
                  {"name": "refused", "error_code": 29, "topic_authorized_operations": -2147483648},
                  {"name": "untold", "error_code": 0, "topic_authorized_operations": -2147483648},
                  {"name": "named", "error_code": 0, "authorized_operations": ["DESCRIBE", "WRITE"]}]
-    assert missing_acls(described, ["ok", "no-read", "refused", "untold", "named", "absent"]) == {
-        "no-read": ["READ"], "refused": ["READ", "DESCRIBE"], "named": ["READ"]}
+    topics = ["ok", "no-read", "codes", "code-no-read", "unreadable", "refused", "untold", "named", "absent"]
+    assert missing_acls(described, topics) == {"no-read": ["READ"], "code-no-read": ["READ"],
+                                               "refused": ["READ", "DESCRIBE"], "named": ["READ"]}
 
 
 def test_check_source_acls_names_the_acls_and_the_command_and_skips_a_fake_consumer() -> None:
