@@ -23,10 +23,6 @@ pytestmark = [pytest.mark.kafka, pytest.mark.timeout(300)]
 
 WRITERS = ("librdkafka", "kafka-python")
 SECRET = CLIENTS["twophase-app"]
-#: tests written in session 13 that could not run before its deadline (the shared Spark/JVM lock was held by long
-#: campaigns): skipped by default until they pass 3 times; TWOPHASE_KAFKA_SECURITY_NEW=1 runs them
-UNVERIFIED = pytest.mark.skipif(os.environ.get("TWOPHASE_KAFKA_SECURITY_NEW") != "1",
-                                reason="not yet run 3 times on a real broker: TWOPHASE_KAFKA_SECURITY_NEW=1 runs it")
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +104,6 @@ def test_kafka_oauthbearer_sink_every_client_commits_once_and_source_reads_back_
     _assert_nothing_secret(oauth, caplog, *texts, root=str(tmp_path))
 
 
-@UNVERIFIED
 @pytest.mark.parametrize("side", ["sink", "source"])
 def test_kafka_oauthbearer_wrong_client_secret_fails_at_start_naming_the_token_endpoint(oauth, side, tmp_path,
                                                                                        caplog):
@@ -141,7 +136,6 @@ def test_kafka_oauthbearer_wrong_client_secret_fails_at_start_naming_the_token_e
         assert wrong not in f"{r.getMessage()} {r.__dict__}", r.name
 
 
-@UNVERIFIED
 def test_kafka_oauthbearer_token_the_broker_cannot_verify_fails_at_start_naming_authentication(oauth, tmp_path,
                                                                                             caplog):
     """Kafka's validator really checks the signature against the JWKS: an endpoint that signs with a key the JWKS

@@ -9,16 +9,12 @@ maximum changed, or after a refusal forgot the key (None), the handle named a ti
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import pytest
 
 from integration.kafka.broker import create_topic, key_value_batch, unique
 
-pytestmark = [pytest.mark.kafka, pytest.mark.timeout(180),
-              # written in session 13, not yet run 3 times on a broker (the shared JVM lock was held to the deadline)
-              pytest.mark.skipif(os.environ.get("TWOPHASE_KAFKA_SECURITY_NEW") != "1",
-                                 reason="not yet run 3 times on a real broker: TWOPHASE_KAFKA_SECURITY_NEW=1 runs it")]
+pytestmark = [pytest.mark.kafka, pytest.mark.timeout(180)]
 
 
 @pytest.mark.parametrize("client", ["librdkafka", "kafka-python"])
