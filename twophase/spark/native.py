@@ -138,6 +138,8 @@ class NativeOptions:
     log_retain: int = 100
     #: Delta: add new columns of the stream to the table's schema
     merge_schema: bool = False
+    #: s3a:// (experimental, :mod:`twophase.sinks.native_s3a`): twophase's S3 client options (``s3.*``)
+    s3_options: Mapping[str, str] = field(default_factory=dict, repr=False)  # secrets: never in a repr
 
 
 def _as_option_value(v: Any) -> Any:
@@ -170,6 +172,10 @@ def native_options(fmt: str, raw: Mapping[str, Any]) -> NativeOptions:
     if fmt == "delta":
         declared.append(Option("mergeSchema", parse_bool, False, help="add new columns of the stream to the table"))
     given = {k: _as_option_value(v) for k, v in raw.items() if v is not None}
+    s3a = str(given.get("path") or "").lower().startswith("s3a://") and _s3a_enabled()
+    if s3a:  # experimental: twophase's S3 client options reach the bucket from the driver
+        from twophase.log_s3 import S3_CLIENT_OPTIONS
+        declared.extend(S3_CLIENT_OPTIONS)
     o = parse_options(given, declared, sink=what, prefixes=SPARK_WRITER_PREFIXES.get(fmt, ()))
     owner = o.get("checkpointlocation")
     if not owner:
@@ -182,7 +188,7 @@ def native_options(fmt: str, raw: Mapping[str, Any]) -> NativeOptions:
             f"writes use Spark's own sink, writeStream.format({fmt!r})")
     path = str(o["path"])
     scheme = path.split("://", 1)[0].lower() if "://" in path else ""
-    if scheme and scheme != "file":
+    if scheme and scheme != "file" and not s3a:
         raise ConfigurationError(
             f"{what}: option 'path'={path!r} is a {scheme}:// URL; the native path commits on a local or mounted "
             "shared filesystem (hard links for files, a local Delta table). For S3 use format('twophase-s3') or "
@@ -206,7 +212,13 @@ def native_options(fmt: str, raw: Mapping[str, Any]) -> NativeOptions:
             writer[k] = str(v)
     return NativeOptions(format=fmt, path=str(o["path"]), owner=str(owner), partition_by=tuple(o["partitionBy"]),
                          writer_options=writer, sink_id=o["sink.id"], log_location=o["log.location"],
-                         log_retain=int(o["log.retain"]), merge_schema=bool(o.get("mergeSchema") or False))
+                         log_retain=int(o["log.retain"]), merge_schema=bool(o.get("mergeSchema") or False),
+                         s3_options={k: str(v) for k, v in given.items() if s3a and k.lower().startswith("s3.")})
+
+
+def _s3a_enabled() -> bool:
+    """The native path on s3a:// is experimental: reachable only with TWOPHASE_EXPERIMENTAL_S3A=1."""
+    return os.environ.get("TWOPHASE_EXPERIMENTAL_S3A", "") == "1"
 
 
 # --------------------------------------------------------------------------- what Spark wrote
@@ -394,6 +406,24 @@ class NativeTarget(abc.ABC):
         """Options of Spark's writer the target needs (Delta: partition folder text in UTC)."""
         return {}
 
+    #: Spark's save mode (s3a://: "append" to the destination itself)
+    save_mode: str = "errorifexists"
+
+    def save_path(self, attempt: str) -> str:
+        """Where Spark's writer saves (``attempt`` is :meth:`attempt_dir`'s)."""
+        return "file://" + attempt
+
+    def attempt_settings(self, batch_id: int, attempt_uid: str) -> Mapping[str, str]:
+        """Options of Spark's writer for one attempt of a batch (s3a://: the magic committer's job id)."""
+        return {}
+
+    def session_settings(self) -> Mapping[str, str]:
+        """SQL settings of the query's session for the write, restored after it (s3a://: the commit protocol)."""
+        return {}
+
+    def check_session(self, spark: Any) -> None:
+        """Refuse a session that cannot run the target's write (s3a://: the committer's jar is missing)."""
+
     @abc.abstractmethod
     def committables(self, batch_id: int, attempt_uid: str, attempt_dir: str, *,
                      partition_by: Optional[Sequence[str]] = None,
@@ -406,7 +436,10 @@ class NativeTarget(abc.ABC):
 
 
 def load_target(options: NativeOptions) -> NativeTarget:
-    module, _, cls = NATIVE_TARGETS[options.format].partition(":")
+    where = NATIVE_TARGETS[options.format]
+    if options.path.lower().startswith("s3a://"):
+        where = "twophase.sinks.native_s3a:S3ANativeTarget"
+    module, _, cls = where.partition(":")
     return getattr(importlib.import_module(module), cls).create(options)
 
 
@@ -470,7 +503,7 @@ class NativeSink:
         attempt = self.target.attempt_dir(batch_id, attempt_uid)
         partition_by = self.target.partition_columns(self.options)
         prepared = time.perf_counter()
-        rows = self._spark_write(df, sc, attempt, batch_id, partition_by)  # step 3
+        rows = self._spark_write(df, sc, attempt, batch_id, partition_by, attempt_uid)  # step 3
         written = time.perf_counter()
         faults.maybe_crash("after_spark_write", batch_id)
         committables = self.target.committables(batch_id, attempt_uid, attempt, partition_by=partition_by,
@@ -524,7 +557,8 @@ class NativeSink:
         highest = log.highest_committed()
         return highest is not None and batch_id < highest
 
-    def _spark_write(self, df: Any, sc: Any, attempt: str, batch_id: int, partition_by: Sequence[str]) -> Optional[int]:
+    def _spark_write(self, df: Any, sc: Any, attempt: str, batch_id: int, partition_by: Sequence[str],
+                     attempt_uid: str = "") -> Optional[int]:
         """Step 3: Spark's writer, into the attempt's private folder, in a job group of its own. Returns Spark's
         count of the rows written (an observation on the written frame: no second pass), None if unknown."""
         props = {"spark.jobGroup.id": self.job_group(batch_id),
@@ -532,6 +566,11 @@ class NativeSink:
         old = {k: sc.getLocalProperty(k) for k in props}
         for k, v in props.items():
             sc.setLocalProperty(k, v)
+        session = df.sparkSession
+        self.target.check_session(session)
+        old_conf = {k: session.conf.get(k, None) for k in self.target.session_settings()}
+        for k, v in self.target.session_settings().items():
+            session.conf.set(k, v)
         try:
             observation = None
             try:
@@ -542,15 +581,16 @@ class NativeSink:
             except Exception as e:  # pragma: no cover - an older PySpark: no count check
                 _log.warning("native_observe_unavailable", sink_id=self.sink_id, error=str(e))
                 observation = None
-            w = df.write.format(self.target.spark_format).mode("errorifexists")
-            settings = {**self.options.writer_options, **self.target.writer_settings(), **COMMITTER_SETTINGS}
+            w = df.write.format(self.target.spark_format).mode(self.target.save_mode)
+            settings = {**self.options.writer_options, **self.target.writer_settings(), **COMMITTER_SETTINGS,
+                        **self.target.attempt_settings(batch_id, attempt_uid)}
             for k, v in settings.items():
                 w = w.option(k, v)
             if partition_by:
                 w = w.partitionBy(*partition_by)
             self.stats.spark_writes.append(batch_id)
             _log.info("native_spark_write", sink_id=self.sink_id, checkpoint_id=batch_id, attempt=attempt)
-            w.save("file://" + attempt)
+            w.save(self.target.save_path(attempt))
             if observation is None:
                 return None
             got = observation.get.get("records")
@@ -558,6 +598,11 @@ class NativeSink:
         finally:
             for k, v in old.items():
                 sc.setLocalProperty(k, v)
+            for k, v in old_conf.items():
+                if v is None:
+                    session.conf.unset(k)
+                else:
+                    session.conf.set(k, v)
 
 
 def native_sink(format: str, options: Optional[Mapping[str, Any]] = None, **kwargs: Any) -> NativeSink:
