@@ -113,13 +113,6 @@ class FormatWriter:
         """Finish the format (footer); does not close ``stream``."""
 
 
-#: a column chunk's dictionary is given up (the rest of the chunk written plain) past this many bytes. pyarrow's
-#: default, 1 MiB, hashes ~130k distinct 8-byte values before giving up: on a column of unique ids or timestamps
-#: that doubled the encoding time of a file and made it ~20% larger than plain (bench_s3_spark, issue 24);
-#: 256 KiB keeps dictionaries for what repeats (up to 32k distinct longs, ~10k short strings per row group)
-DICTIONARY_PAGE_LIMIT = 256 << 10
-
-
 class ParquetFormatWriter(FormatWriter):
     """Parquet, with Arrow batches (Spark sends 10k rows at a time) coalesced into row groups of up to
     ``row_group_bytes`` of Arrow data, so files have a few large row groups, as Spark's writer makes."""
@@ -128,8 +121,7 @@ class ParquetFormatWriter(FormatWriter):
                  row_group_bytes: int = 64 << 20) -> None:
         super().__init__(stream, schema)
         import pyarrow.parquet as pq
-        self._w = pq.ParquetWriter(stream, schema, compression=None if compression == "none" else compression,
-                                   dictionary_pagesize_limit=DICTIONARY_PAGE_LIMIT)
+        self._w = pq.ParquetWriter(stream, schema, compression=None if compression == "none" else compression)
         self._buffer: list[pa.RecordBatch] = []
         self._buffered = 0
         self._row_group_bytes = row_group_bytes
