@@ -1,8 +1,11 @@
 """The ACLs the Kafka source needs, checked once at start on the driver.
 
-The source reads with no consumer group (librdkafka's generated ``group.id`` is never joined nor committed to,
-kafka-python uses none): it needs **READ** (Fetch, on the executors) and **DESCRIBE** (Metadata, ListOffsets, on the
-driver) on each topic it reads, and nothing on groups, the cluster or transactional ids. Under Kafka's
+The source joins no consumer group and commits nothing to Kafka: it needs **READ** (Fetch, on the executors) and
+**DESCRIBE** (Metadata, ListOffsets, on the driver) on each topic it reads, and nothing on the cluster or
+transactional ids. librdkafka's reader (the default) also needs **DESCRIBE on its group** (``kafka.group.id`` or the
+generated ``<groupIdPrefix or spark-kafka-source>-<uuid>``): it sends FindCoordinator for its ``group.id`` though it
+only assigns partitions, and answers GROUP_AUTHORIZATION_FAILED to the reader (seen on Apache Kafka 4.4.0 with
+StandardAuthorizer); kafka-python's reader uses no group. Under Kafka's
 ``StandardAuthorizer`` a missing one showed as a misleading "topic does not exist" (DESCRIBE) or only as a failed
 task on the executors (READ). The driver asks once, with a Metadata request that includes the topic's authorized
 operations (KIP-430, Kafka 2.3+), and names what is missing; a broker that does not tell (older, or no authorizer)
@@ -73,9 +76,11 @@ def acl_error(missing: Mapping[str, list[str]], bootstrap: Any) -> Configuration
     topics = " ".join(f"--topic {t}" for t in sorted(missing))
     return ConfigurationError(
         f"{SOURCE}: the brokers at {bootstrap} do not allow this principal {parts}. The source needs the ACLs READ "
-        "and DESCRIBE on each topic it reads (no consumer group, cluster or transactional-id ACL: it joins no group "
-        f"and commits nothing to Kafka), e.g. kafka-acls --add --allow-principal User:<user> --operation Read "
-        f"--operation Describe {topics}")
+        "and DESCRIBE on each topic it reads, e.g. kafka-acls --add --allow-principal User:<user> --operation Read "
+        f"--operation Describe {topics}; with kafkaClient=librdkafka (the default) also DESCRIBE on its consumer "
+        "group, which librdkafka looks up though the source never joins it nor commits to it (kafka.group.id, or the "
+        "prefix groupIdPrefix / spark-kafka-source: --operation Describe --group spark-kafka-source "
+        "--resource-pattern-type prefixed); no cluster or transactional-id ACL")
 
 
 def describe_topics(consumer: Any, topics: list[str]) -> Optional[list[dict[str, Any]]]:

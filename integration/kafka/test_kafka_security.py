@@ -238,8 +238,9 @@ def test_kafka_security_principal_without_acls_fails_at_start_naming_the_acls_ne
 
 @UNVERIFIED
 def test_kafka_security_source_needs_only_topic_read_and_describe_and_names_a_missing_acl_at_start():
-    """With StandardAuthorizer: the source's minimum ACLs are READ and DESCRIBE on the topic (no group, cluster or
-    transactional-id ACL), shown by reading every record with both readers after granting exactly those; with none,
+    """With StandardAuthorizer: the source's minimum ACLs are READ and DESCRIBE on the topic (kafka-python's reader)
+    plus DESCRIBE on the consumer group prefix (librdkafka's reader), no cluster or transactional-id ACL, shown by
+    reading every record with both readers after granting exactly those; with none,
     or DESCRIBE without READ, the first offset query is a ConfigurationError naming the missing ACL (it was
     'subscribed topic does not exist' after 30 s, or a task failure on the executors)."""
     from confluent_kafka.admin import AclOperation, ResourcePatternType, ResourceType
@@ -277,10 +278,14 @@ def test_kafka_security_source_needs_only_topic_read_and_describe_and_names_a_mi
         for client in CLIENTS:
             with pytest.raises(ConfigurationError) as e:
                 read(client)
-            assert f"READ on topic {topic!r}" in str(e.value) and "DESCRIBE on" not in str(e.value), str(e.value)
+            assert f"this principal READ on topic {topic!r}." in str(e.value), str(e.value)   # only READ is missing
         _grant(k.plaintext, "User:alice", topic_acl, ops=(AclOperation.READ,))
-        for client in CLIENTS:
-            assert sorted(read(client)) == sorted(values), client
+        assert sorted(read("kafka-python")) == sorted(values)   # kafka-python's reader: the topic ACLs suffice
+        # librdkafka's reader sends FindCoordinator for its group.id (never joined): GROUP_AUTHORIZATION_FAILED
+        # without DESCRIBE on the group (seen 18:48 UTC, 2026-11-28); the generated ids share the prefix
+        _grant(k.plaintext, "User:alice", [(ResourceType.GROUP, "spark-kafka-source", ResourcePatternType.PREFIXED)],
+               ops=(AclOperation.DESCRIBE,))
+        assert sorted(read("librdkafka")) == sorted(values)
 
 
 def _grant(bootstrap: str, principal: str, resources, ops=None) -> None:
