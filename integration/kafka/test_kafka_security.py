@@ -10,7 +10,6 @@ SASL_PLAINTEXT with PLAIN and SCRAM-SHA-512, SSL (the CA as PEM) and SASL_SSL, f
 from __future__ import annotations
 
 import logging
-import os
 import time
 import uuid
 
@@ -22,10 +21,6 @@ from integration.kafka.secure_kafka import PLAIN_JAAS, SCRAM_JAAS, USERS, secure
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(300)]
 
 CLIENTS = ("librdkafka", "kafka-python")
-#: tests written in session 13 that could not run before its deadline (the shared Spark/JVM lock was held by long
-#: campaigns): skipped by default until they pass 3 times; TWOPHASE_KAFKA_SECURITY_NEW=1 runs them
-UNVERIFIED = pytest.mark.skipif(os.environ.get("TWOPHASE_KAFKA_SECURITY_NEW") != "1",
-                                reason="not yet run 3 times on a real broker: TWOPHASE_KAFKA_SECURITY_NEW=1 runs it")
 
 
 @pytest.fixture(scope="module")
@@ -236,7 +231,6 @@ def test_kafka_security_principal_without_acls_fails_at_start_naming_the_acls_ne
         assert committed_values(k.plaintext, topic) == sorted(f"acl-{i}".encode() for i in range(7))
 
 
-@UNVERIFIED
 def test_kafka_security_source_needs_only_topic_read_and_describe_and_names_a_missing_acl_at_start():
     """With StandardAuthorizer: the source's minimum ACLs are READ and DESCRIBE on the topic (kafka-python's reader)
     plus DESCRIBE on the consumer group prefix (librdkafka's reader), no cluster or transactional-id ACL, shown by
