@@ -22,6 +22,9 @@ import os
 import sys
 from typing import Optional
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from integration.s3.s3a import s3a_settings  # noqa: E402  (the same S3A settings as the main venv's tests)
+
 
 def hadoop_version() -> str:
     import pyspark
@@ -47,21 +50,11 @@ def spark_conf(endpoint: str, access_key: str, secret_key: str) -> dict[str, str
     found = jars()
     if found is None:
         raise RuntimeError("hadoop-aws is not fetched for this venv: run `bash scripts/setup_delta.sh`")
-    h = "spark.hadoop.fs.s3a."
     return {
         "spark.jars": ",".join(delta_jars() + found),
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
-        h + "endpoint": endpoint,
-        h + "endpoint.region": "us-east-1",
-        h + "path.style.access": "true",
-        h + "connection.ssl.enabled": "false",
-        h + "aws.credentials.provider": "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider",
-        h + "access.key": access_key,
-        h + "secret.key": secret_key,
-        h + "checksum.generation": "false",
-        h + "request.md5.header": "true",
-        h + "signing-algorithm": "AWS4UnsignedPayloadSignerType",
+        **s3a_settings(endpoint, access_key, secret_key),
     }
 
 

@@ -32,15 +32,12 @@ def jars() -> Optional[list[str]]:
     return sorted(str(p) for p in d.glob("*.jar"))
 
 
-def spark_conf(endpoint: str, access_key: str, secret_key: str) -> dict[str, str]:
-    """Spark settings for s3a:// on ``endpoint`` (``http://host:port``): the jars, path-style access, no TLS,
-    the simple (static keys) credentials provider."""
-    found = jars()
-    if found is None:
-        raise RuntimeError("hadoop-aws is not fetched: run `bash scripts/hadoop_aws.sh fetch`")
+def s3a_settings(endpoint: str, access_key: str, secret_key: str) -> dict[str, str]:
+    """The ``spark.hadoop.fs.s3a.*`` settings that point S3A at a loopback radosgw on ``endpoint``
+    (``http://host:port``): path-style access, no TLS, the simple (static keys) credentials provider.
+    Also used by ``integration/delta_spark/s3a_delta.py`` (delta-spark in .venv-delta)."""
     h = "spark.hadoop.fs.s3a."
     return {
-        "spark.jars": ",".join(found),
         h + "endpoint": endpoint,
         h + "endpoint.region": "us-east-1",
         h + "path.style.access": "true",
@@ -54,3 +51,11 @@ def spark_conf(endpoint: str, access_key: str, secret_key: str) -> dict[str, str
         h + "request.md5.header": "true",
         h + "signing-algorithm": "AWS4UnsignedPayloadSignerType",
     }
+
+
+def spark_conf(endpoint: str, access_key: str, secret_key: str) -> dict[str, str]:
+    """Spark settings for s3a:// on ``endpoint``: the jars and :func:`s3a_settings`."""
+    found = jars()
+    if found is None:
+        raise RuntimeError("hadoop-aws is not fetched: run `bash scripts/hadoop_aws.sh fetch`")
+    return {"spark.jars": ",".join(found), **s3a_settings(endpoint, access_key, secret_key)}
