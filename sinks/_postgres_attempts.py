@@ -144,11 +144,18 @@ def rollback_aborted(sink: "PostgresSink", conn: Any, log: Any) -> list[str]:
     return rolled
 
 
+def _decided(sink: "PostgresSink", checkpoint_id: int) -> bool:
+    record = sink.transaction_log().get(checkpoint_id)
+    return record is not None and record.state.value in _DECIDED_COMMIT
+
+
 @contextlib.contextmanager
 def completion_guard(sink: "PostgresSink", checkpoint_id: int, acks: Sequence[Any]) -> Iterator[None]:
     """Hold the fence lock of every gid in ``acks`` while the batch is completed and committed; refuse (a
     TransientSinkError: the batch fails and is re-run) when one of them was rolled back meanwhile (by a roller that
-    took it as a dead attempt before this driver locked it) and not committed before."""
+    took it as a dead attempt before this driver locked it) and not committed before, unless the log has decided the
+    batch already (COMPLETED / COMMITTED / LOST: complete_batch aborts such unrecorded acks; recovery's sweep of a
+    re-run of a committed batch rolls them back first)."""
     from twophase.sinks.postgres import _psycopg
     psycopg = _psycopg()
     gids = [g for g in _gids_of_acks(acks) if sink.own_checkpoint(g) is not None]
@@ -168,6 +175,10 @@ def completion_guard(sink: "PostgresSink", checkpoint_id: int, acks: Sequence[An
         except psycopg.Error as e:
             raise sink._error(e, "locking the batch's prepared transactions for its commit") from None
         gone = [g for g in missing if g not in committed]
+        if gone and _decided(sink, checkpoint_id):
+            # the log decided the batch before: these acks are unrecorded and aborted by complete_batch (a re-run of a
+            # committed batch whose new attempts recovery's sweep rolled back); a recorded one missing is its LOST
+            gone = []
         if gone:
             raise TransientSinkError(
                 f"twophase-postgres (sink {sink.sink_id!r}): batch {checkpoint_id}: prepared transaction(s) {gone} of "

@@ -187,3 +187,32 @@ def test_pg_a_completer_whose_gid_was_rolled_back_refuses_the_batch_never_lost(p
     assert driver.transaction_log().get(5) is None
     driver.close()
     roller.close()
+
+
+def test_pg_a_rerun_of_a_decided_batch_whose_new_attempts_were_swept_completes_as_already_committed(pg, tmp_path):
+    """Found by the nemesis (postgres/protocol seed 2811.5, postgres/recovery seed 2811.6: after_complete@0, then
+    every restart failed): the driver died after batch 0's COMPLETED record; the restart's recovery committed it, Spark
+    re-ran batch 0, and the commit worker's recovery swept the re-run's prepared transactions (checkpoint 0 <= the
+    highest committed: they can only be aborted). The completion guard refused the batch for them (rolled back
+    before its commit), so every restart failed the same way. A batch the log has decided is not refused: its new
+    acks are unrecorded and aborted, the outcome is ALREADY_COMMITTED."""
+    from twophase.coordinator import CheckpointCoordinator
+    from twophase.states import CheckpointState
+    table = pg.new_table("id bigint NOT NULL, v text", prefix="decided")
+    first = _sink(pg, tmp_path, table)
+    ack1 = _prepare(first, 0, [1, 2])
+    log = first.transaction_log()
+    log.transition(0, CheckpointState.PENDING)
+    log.transition(0, CheckpointState.COMPLETED, handles={"0": dict(ack1.handle)})  # then the driver died
+    first.close()
+    rerun = _sink(pg, tmp_path, table)  # the restart (a new run)
+    CheckpointCoordinator(rerun).recover()  # commits batch 0
+    ack2 = _prepare(rerun, 0, [1, 2])  # Spark re-runs batch 0
+    CheckpointCoordinator(rerun).recover()  # the commit worker's recovery sweeps checkpoints <= 0
+    assert pg.prepared(rerun.gid_prefix) == []
+    with rerun.completion_guard(0, [ack2]):
+        outcome = CheckpointCoordinator(rerun, sweep_after_commit=True).complete_batch(0, [ack2],
+                                                                                       expected_tasks=["0"])
+    assert "ALREADY_COMMITTED" in str(outcome)
+    assert pg.ids(table) == [1, 2]
+    rerun.close()
