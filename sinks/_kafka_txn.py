@@ -336,12 +336,31 @@ class TxnClient:
         return True
 
     def list_transactions(self, prefix: str, states: Iterable[str] = ("Ongoing",)) -> Optional[list[tuple[str, int, str]]]:
-        """``[(transactional_id, producer_id, state)]`` under ``prefix``; None if the broker cannot list."""
-        try:
-            listing = self.admin.list_transactions(state_filters=list(states))
-        except (Errors.UnsupportedVersionError, Errors.IncompatibleBrokerVersion, NotImplementedError) as e:
-            _log.info("list_transactions_unsupported", error=str(e))
-            return None
+        """``[(transactional_id, producer_id, state)]`` under ``prefix``; None if the broker cannot list.
+
+        Every broker of the metadata must answer (each lists the transactions of the coordinator partitions it
+        leads): a broker that does not (SIGKILLed, not yet fenced by the controller) or answers
+        COORDINATOR_LOAD_IN_PROGRESS (it is loading a partition it just took over) is asked again, with fresh
+        metadata, for ``retry_deadline_s`` (then TransientSinkError), never skipped: a listing without it would
+        miss the open transactions it coordinates. Before: one broker down failed the sweep at the next batch."""
+        deadline = time.monotonic() + self.retry_deadline_s
+        delay = 0.05
+        while True:
+            try:
+                listing = self.admin.list_transactions(state_filters=list(states))
+                break
+            except (Errors.UnsupportedVersionError, Errors.IncompatibleBrokerVersion, NotImplementedError) as e:
+                _log.info("list_transactions_unsupported", error=str(e))
+                return None
+            except (Errors.KafkaConnectionError, Errors.NodeNotReadyError, Errors.KafkaTimeoutError,
+                    *_RETRIABLE) as e:
+                if time.monotonic() > deadline:
+                    raise TransientSinkError(f"twophase-kafka: ListTransactions still failing with "
+                                             f"{type(e).__name__} after {self.retry_deadline_s}s") from e
+                _log.info("list_transactions_retry", error=type(e).__name__)
+                self.admin._manager.cluster.request_update()   # a fenced broker leaves the metadata
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
         out = []
         for rows in listing.values():
             for row in rows:

@@ -8,13 +8,20 @@ others (leader kill while producing, a broker paused past the client timeouts) n
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
+import pathlib
+import subprocess
+import sys
+import threading
+import time
 
 import pytest
 
 from integration.kafka.broker import committed_values, key_value_batch, unique
 
 pytestmark = pytest.mark.kafka
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 needs_flag = pytest.mark.skipif(os.environ.get("TWOPHASE_KAFKA_CLUSTER") != "1",
                                 reason="cluster fault campaign: set TWOPHASE_KAFKA_CLUSTER=1")
@@ -125,3 +132,229 @@ def test_kafka_cluster_coordinator_killed_mid_commit_restart_commits_every_recor
     got = committed_values(cluster.live_bootstrap(), topic)
     assert got == EXPECTED, (len(got), len(set(got)))
     assert _open_transactions(cluster, restarted, tids) == {}
+
+
+# ---------------------------------------------------------------- a partition leader killed while tasks produce
+
+def _slices(tag: str, slices: int, per: int, *, pace: float = 0.0, after_first=None):
+    """``slices`` record batches of ``per`` rows ``(k<i>, <tag>-<i>)`` (keys spread over both partitions);
+    ``after_first()`` runs once the first slice was handed to the writer, ``pace`` seconds before each next one."""
+    import pyarrow as pa
+
+    from integration.kafka.broker import SINK_SCHEMA_FIELDS
+    schema = pa.schema([(name, getattr(pa, kind)()) for name, kind in SINK_SCHEMA_FIELDS])
+    for s in range(slices):
+        if s == 1 and after_first is not None:
+            after_first()
+        if s and pace:
+            time.sleep(pace)
+        ids = range(s * per, (s + 1) * per)
+        yield pa.RecordBatch.from_pydict({"key": [f"k{i}".encode() for i in ids],
+                                          "value": [f"{tag}-{i}".encode() for i in ids]}, schema=schema)
+
+
+def _run_tasks(sink, checkpoint: int, tasks, make_batches, attempts: int = 4):
+    """Every task in its own thread, as Spark runs them; a failed attempt is re-run (a new attempt number, as
+    Spark's task retry), up to ``attempts``. Returns (acks in task order, [(task, attempt, error)])."""
+    from twophase.sink import TransactionContext, run_task
+    failures: list[tuple[str, int, str]] = []
+
+    def one(task: str):
+        for attempt in range(attempts):
+            try:
+                return run_task(sink, TransactionContext(sink.sink_id, checkpoint, task, attempt),
+                                make_batches(task, attempt))
+            except Exception as e:  # noqa: BLE001 - counted; the last one re-raised
+                failures.append((task, attempt, f"{type(e).__name__}: {e}"[:300]))
+                if attempt == attempts - 1:
+                    raise
+    with concurrent.futures.ThreadPoolExecutor(len(tasks)) as pool:
+        acks = list(pool.map(one, tasks))
+    return acks, failures
+
+
+def _open_under(cluster, sink, prefix):
+    """Open (Ongoing) transactions under ``prefix`` (ListTransactions on every live broker)."""
+    listed = sink._client().list_transactions(prefix + "-")
+    assert listed is not None, "the brokers cannot list transactions: open transactions were not checked"
+    return sorted(t[0] for t in listed)
+
+
+@needs_flag
+def test_kafka_cluster_leader_killed_while_tasks_produce_every_record_once(cluster, tmp_path, monkeypatch):
+    """Three tasks produce in slices; after the first slice the leader of partition 0 is SIGKILLed. Each task
+    either rides over the leader move (the producer's retries reach the new leader after the controller fences the
+    dead broker) or fails and is re-run as a new attempt; the batch commits, and a read_committed reader sees every
+    record exactly once (an idempotence or retry defect would show duplicates, a task committed short of its
+    acknowledged sends missing records), with no transaction left Ongoing under the prefix (ListTransactions)."""
+    from twophase.coordinator import CheckpointCoordinator
+    from twophase.sinks import _kafka_txn
+
+    monkeypatch.setattr(_kafka_txn, "_CLIENTS", {})
+    topic = cluster.create_topic(unique("leader"), 2)
+    sink, raw = _sink(cluster, tmp_path, topic)
+    victim = cluster.partitions(topic)[0][0]
+    killed: list[int] = []
+    lock = threading.Lock()
+
+    def kill_once():
+        with lock:
+            if not killed:
+                killed.append(victim)
+                cluster.kill(victim)
+
+    per, slices = 40, 5
+    acks, failures = _run_tasks(sink, 0, TASKS, lambda task, attempt: _slices(
+        f"t{task}", slices, per, pace=0.3, after_first=kill_once if attempt == 0 else None))
+    assert killed == [victim]
+    assert CheckpointCoordinator(sink).complete_batch(0, acks, TASKS) == "COMMITTED"
+    got = committed_values(cluster.live_bootstrap(), topic)
+    assert got == _expected((f"t{t}", per * slices) for t in TASKS), (len(got), len(set(got)), failures)
+    assert _open_under(cluster, sink, raw["transactionalIdPrefix"]) == [], failures
+    assert all(p[0] != victim for p in cluster.partitions(topic).values())   # leadership really moved
+
+
+# ---------------------------------------------------------------- one broker paused past the client timeouts
+
+PAUSE_OPTIONS = {"kafka.request.timeout.ms": "4000", "kafka.transaction.timeout.ms": "10000"}
+
+
+@needs_flag
+def test_kafka_cluster_broker_paused_while_tasks_produce_expired_attempts_rerun_every_record_once(
+        cluster, tmp_path, monkeypatch):
+    """The leader of partition 0 is SIGSTOPped 15 s (past the 4 s request timeout, past the controller's 9 s
+    fencing: its partitions and coordinators move) while three tasks produce with a 10 s transaction timeout and
+    need about 15 s: the brokers abort every first attempt's transaction as expired (scripts/kafka_cluster.sh
+    checks for expired transactions every second). Each task fails (never acks a transaction the broker aborted)
+    and is re-run; the batch commits; the reader sees every record exactly once; nothing is left Ongoing.
+    Fails if the broker never expired a first attempt (the fault did not happen), if an expired attempt were
+    acked (its records missing after COMMITTED), or on any duplicate or leftover."""
+    from twophase.coordinator import CheckpointCoordinator
+    from twophase.sinks import _kafka_txn
+
+    monkeypatch.setattr(_kafka_txn, "_CLIENTS", {})
+    topic = cluster.create_topic(unique("paused"), 2)
+    sink, raw = _sink(cluster, tmp_path, topic, **PAUSE_OPTIONS)
+    victim = cluster.partitions(topic)[0][0]
+    paused: list[threading.Thread] = []
+    lock = threading.Lock()
+
+    def pause_once():
+        with lock:
+            if not paused:
+                cluster.pause(victim)
+                t = threading.Timer(15.0, cluster.resume, (victim,))
+                t.start()
+                paused.append(t)
+
+    per, slices = 20, 11
+    try:
+        acks, failures = _run_tasks(sink, 0, TASKS, lambda task, attempt: _slices(
+            f"t{task}", slices, per, pace=1.5 if attempt == 0 else 0.0,
+            after_first=pause_once if attempt == 0 else None))
+    finally:
+        for t in paused:
+            t.join()
+        cluster.resume(victim)
+    assert paused, "the broker was never paused"
+    first_attempts_failed = {task for task, attempt, _ in failures if attempt == 0}
+    assert first_attempts_failed == set(TASKS), ("every first attempt outlived its transaction timeout across "
+                                                 "the pause; the brokers must have aborted them", failures)
+    assert CheckpointCoordinator(sink).complete_batch(0, acks, TASKS) == "COMMITTED"
+    got = committed_values(cluster.live_bootstrap(), topic)
+    assert got == _expected((f"t{t}", per * slices) for t in TASKS), (len(got), len(set(got)), failures)
+    assert _open_under(cluster, sink, raw["transactionalIdPrefix"]) == [], failures
+
+
+@needs_flag
+def test_kafka_cluster_broker_paused_after_the_decision_expired_transactions_are_named_never_silent(
+        cluster, tmp_path, monkeypatch):
+    """Three tasks pre-commit (10 s transaction timeout); the coordinator of the first task's id is SIGSTOPped
+    20 s; 1 s into the pause the driver decides checkpoint 0 and commits: its first EndTxn times out against the
+    paused broker and follows the new coordinator, while the brokers expire the transactions. Whatever the race
+    gives, nothing is silent: every task's records are in the output exactly once (committed) or its transactional
+    id is named in a DataLossError that names checkpoint 0 and ``twophase log resolve``; at least one was expired
+    (the pause outlasts the timeout twice); nothing is left Ongoing; every restart stops on the same error until
+    the loss is resolved, and after ``--accept-loss`` the next checkpoint commits."""
+    from twophase.coordinator import CheckpointCoordinator
+    from twophase.errors import DataLossError
+    from twophase.sink import TransactionContext, run_task
+    from twophase.sinks import _kafka_txn
+    from twophase.sinks.kafka import KafkaSink
+    from twophase.spark.datasource import prepare_sink
+
+    monkeypatch.setattr(_kafka_txn, "_CLIENTS", {})
+    topic = cluster.create_topic(unique("expired"), 2)
+    sink, raw = _sink(cluster, tmp_path, topic, **PAUSE_OPTIONS)
+    acks = [run_task(sink, TransactionContext(sink.sink_id, 0, t, 0), [key_value_batch(f"t{t}", 40)]) for t in TASKS]
+    tids = {t: a.handle["transactional_id"] for t, a in zip(TASKS, acks)}
+    victim = cluster.coordinator(tids[TASKS[0]])
+    cluster.pause(victim)
+    try:
+        time.sleep(1.0)
+        resume = threading.Timer(19.0, cluster.resume, (victim,))
+        resume.start()
+        try:
+            outcome = CheckpointCoordinator(sink).complete_batch(0, acks, TASKS)
+        except DataLossError as e:
+            outcome = e
+        resume.join()
+    finally:
+        cluster.resume(victim)
+    got = committed_values(cluster.live_bootstrap(), topic)
+    present = {t for t in TASKS if f"t{t}-0".encode() in got}
+    assert got == _expected((f"t{t}", 40) for t in sorted(present)), (len(got), len(set(got)), present)
+    assert isinstance(outcome, DataLossError), f"no transaction expired across a 20 s pause of a 10 s timeout: {outcome}"
+    message = str(outcome)
+    assert "twophase log resolve" in message and "--checkpoint 0" in message, message
+    for t in set(TASKS) - present:
+        assert tids[t] in message, (f"task {t}'s transaction is missing from the output but not named", message)
+    assert _open_under(cluster, sink, raw["transactionalIdPrefix"]) == []
+    monkeypatch.setattr(_kafka_txn, "_CLIENTS", {})                # a restarted driver: the same error, every time
+    with pytest.raises(DataLossError, match="twophase log resolve"):
+        prepare_sink(KafkaSink.from_options(raw), raw["checkpointLocation"], what="restart")
+    res = subprocess.run([sys.executable, "-m", "twophase.cli", "log", "resolve", sink.transaction_log().location,
+                          "--sink-id", sink.sink_id, "--checkpoint", "0", "--accept-loss", "--reason", "test"],
+                         capture_output=True, text=True, timeout=120, cwd=str(ROOT))
+    assert res.returncode == 0, res.stderr
+    # the batch aged past half its 10 s timeout: the age alarm (invariant 7) refuses the next batch until the
+    # timeout is raised, as its error says; the operator restarts with the default (the largest the brokers allow)
+    raw = {k: v for k, v in raw.items() if k != "kafka.transaction.timeout.ms"}
+    again = KafkaSink.from_options(raw)
+    prepare_sink(again, raw["checkpointLocation"], what="after resolve")
+    ack = run_task(again, TransactionContext(again.sink_id, 1, "0", 0), [key_value_batch("next", 10)])
+    assert CheckpointCoordinator(again).complete_batch(1, [ack], ["0"]) == "COMMITTED"
+    after = committed_values(cluster.live_bootstrap(), topic)
+    assert after == sorted(got + [f"next-{i}".encode() for i in range(10)])
+
+
+# ---------------------------------------------------------------- the next batch's start with a broker down
+
+@needs_flag
+def test_kafka_cluster_broker_killed_the_next_batch_start_waits_for_the_cluster_never_fails(cluster, tmp_path,
+                                                                                         monkeypatch):
+    """After checkpoint 0 commits, the coordinator of one of its ids is SIGKILLed (RF 3, min ISR 2: Kafka goes on
+    with two brokers). The next batch's start (prepare_sink: recovery, then the sweep's ListTransactions, which
+    every broker of the metadata must answer) waits until the controller fenced the dead broker and its
+    coordinator partitions loaded elsewhere, never fails; checkpoint 1 commits; every record once, nothing open.
+    Found by the nemesis (kafka/leader_kill seed 22.0): ListTransactions to the dead broker raised
+    KafkaConnectionError (ECONNREFUSED) out of the sweep and failed the query at the next batch."""
+    from twophase.coordinator import CheckpointCoordinator
+    from twophase.sink import TransactionContext, run_task
+    from twophase.sinks import _kafka_txn
+    from twophase.spark.datasource import prepare_sink
+
+    monkeypatch.setattr(_kafka_txn, "_CLIENTS", {})
+    topic = cluster.create_topic(unique("sweep"), 2)
+    sink, raw = _sink(cluster, tmp_path, topic)
+    acks = [run_task(sink, TransactionContext(sink.sink_id, 0, t, 0), [key_value_batch(f"t{t}", 40)]) for t in TASKS]
+    assert CheckpointCoordinator(sink).complete_batch(0, acks, TASKS) == "COMMITTED"
+    assert _open_under(cluster, sink, raw["transactionalIdPrefix"]) == []     # the driver's client knows 3 brokers
+    victim = cluster.coordinator(acks[0].handle["transactional_id"])
+    cluster.kill(victim)
+    prepare_sink(sink, raw["checkpointLocation"], what="next batch")          # raised KafkaConnectionError before
+    acks = [run_task(sink, TransactionContext(sink.sink_id, 1, t, 0), [key_value_batch(f"n{t}", 40)]) for t in TASKS]
+    assert CheckpointCoordinator(sink).complete_batch(1, acks, TASKS) == "COMMITTED"
+    got = committed_values(cluster.live_bootstrap(), topic)
+    assert got == _expected([(f"t{t}", 40) for t in TASKS] + [(f"n{t}", 40) for t in TASKS]), (len(got), len(set(got)))
+    assert _open_under(cluster, sink, raw["transactionalIdPrefix"]) == []
