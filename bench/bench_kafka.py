@@ -1,19 +1,32 @@
-"""Benchmark: the same Spark job into twophase-kafka exactly-once and at-least-once on librdkafka (the
-default producer), exactly-once on kafka-python (``kafkaClient=kafka-python``), and into a no-op Python sink
-(what Spark -> Python costs alone), plus bare producers in one process as ceilings, in one run. Prints a
-markdown table; every ratio is against the at-least-once run of the same invocation.
+"""Benchmark: twophase-kafka against Spark's own Kafka sink (``writeStream.format("kafka")``, spark-sql-kafka-0-10,
+at-least-once, in the JVM), the peer, in one run on one broker; then the sources (bench/bench_kafka_read.py).
 
-The job: Spark's rate-micro-batch source (``--rows`` records per micro-batch, ``--partitions`` writer
-tasks), each value ~100 bytes, written to a fresh topic. Batch 0 warms up and is not counted. For the
-exactly-once runs the commit phase per batch (driver: ack collection, durable decision, EndTxn per
-transaction, COMMITTED record) is read from the transaction log's timestamps (COMMITTED - PENDING).
+The same Spark job into each sink: Spark's rate-micro-batch source (``--rows`` records per micro-batch,
+``--partitions`` writer tasks), key ``CAST(value AS STRING)``, value ~100 bytes, each run into a fresh topic of
+``--partitions`` partitions (the key decides the partition in both: murmur2). Rows of the table:
 
-    python bench/bench_kafka.py [--bootstrap H:P] [--rows 1000000] [--batches 3] [--partitions 2] [--rounds 2]
-                                [--kp-rows 200000]
+- Spark's kafka sink with its defaults (kafka-clients' producer: idempotent, acks=all, linger.ms=0,
+  batch.size=16384): the baseline of every ratio;
+- Spark's kafka sink with twophase's producer settings (``kafka.linger.ms=5``, ``kafka.batch.size=1000000``);
+- twophase-kafka exactly-once on librdkafka (the default), with its commit phase per batch: the driver's
+  ack collection, durable decision, one EndTxn per transaction and the COMMITTED record, read from the
+  transaction log's timestamps (COMMITTED - PENDING; EndTxn + COMMITTED alone: COMMITTED - COMPLETED);
+- the breakdown of what bounds the Python path: twophase-kafka at-least-once (no transaction), a no-op
+  Python sink (what Spark -> Python as Arrow costs alone), exactly-once on kafka-python
+  (``kafkaClient=kafka-python``, one round of ``--kp-rows``), and bare producers in one process
+  (librdkafka, kafka-python) sending the same records, as ceilings of the per-record produce calls.
 
-The kafka-python run is ~30x slower, so it runs one round of ``--kp-rows`` records per batch.
+Batch 0 of each query warms up and is not counted; records/s is records over the ``triggerExecution`` time of
+the measured batches. The modes alternate run by run and the order flips each round (``--rounds``), so load
+from elsewhere on a shared machine hits baseline and candidate alike.
 
-Without --bootstrap (or KAFKA_BOOTSTRAP_SERVERS) a local Apache Kafka broker (scripts/kafka_server.sh) is started for the run.
+    python bench/bench_kafka.py [--quick] [--bootstrap H:P] [--rows 1000000] [--batches 3] [--partitions 2]
+                                [--rounds 2] [--kp-rows 200000] [--no-source] [--source-rows 1000000]
+
+``--quick``: 100,000 records per batch, one round, no kafka-python run, a small source comparison.
+Without --bootstrap (or KAFKA_BOOTSTRAP_SERVERS) a local Apache Kafka broker (scripts/kafka_server.sh) is
+started for the run. Spark's connector jars come from scripts/spark_kafka.sh (``.venv/jvm/spark-kafka``), given
+to a Spark context of its own with ``spark.jars`` (integration/kafka/spark_kafka.py).
 """
 
 from __future__ import annotations
@@ -28,16 +41,22 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from _kafkacheck import check_topic  # noqa: E402
 from _sparkbench import register_noop  # noqa: E402
 
 
-#: mode -> (label, guarantee, kafkaClient or "noop")
+#: mode -> (label, guarantee, kafkaClient, or "noop" / "spark")
 MODES = {
-    "eo": ("exactly-once, librdkafka (default)", "exactly-once", "librdkafka"),
-    "alo": ("at-least-once, librdkafka", "at-least-once", "librdkafka"),
+    "spark": ("Spark's kafka sink (at-least-once, JVM), defaults", "at-least-once", "spark"),
+    "spark-tuned": ("Spark's kafka sink, linger.ms=5 batch.size=1000000 (twophase's settings)", "at-least-once",
+                    "spark"),
+    "eo": ("twophase-kafka exactly-once, librdkafka (default)", "exactly-once", "librdkafka"),
+    "alo": ("twophase-kafka at-least-once, librdkafka", "at-least-once", "librdkafka"),
     "noop": ("no-op Python sink (Spark -> Python alone)", "-", "noop"),
-    "eo-kp": ("exactly-once, kafka-python (kafkaClient=kafka-python)", "exactly-once", "kafka-python"),
+    "eo-kp": ("twophase-kafka exactly-once, kafka-python", "exactly-once", "kafka-python"),
 }
+#: Spark's kafka sink options per mode (its producer is configured with ``kafka.``-prefixed options)
+SPARK_SINK_OPTIONS = {"spark": {}, "spark-tuned": {"kafka.linger.ms": "5", "kafka.batch.size": "1000000"}}
 
 
 def run_spark(spark, bootstrap: str, mode: str, rows: int, batches: int, partitions: int, tmp: str) -> dict:
@@ -56,6 +75,11 @@ def run_spark(spark, bootstrap: str, mode: str, rows: int, batches: int, partiti
                       "concat(CAST(value AS STRING), ':', repeat('x', 90)) AS value"))
     if client == "noop":
         w = df.writeStream.format("bench-noop").option("checkpointLocation", ck)
+    elif client == "spark":
+        w = (df.writeStream.format("kafka").option("kafka.bootstrap.servers", bootstrap).option("topic", topic)
+             .option("checkpointLocation", ck))
+        for k, v in SPARK_SINK_OPTIONS[mode].items():
+            w = w.option(k, v)
     else:
         w = df.writeStream.format("twophase-kafka")
         for k, v in options.items():
@@ -70,14 +94,19 @@ def run_spark(spark, bootstrap: str, mode: str, rows: int, batches: int, partiti
             time.sleep(0.2)
     finally:
         q.stop()
-    progress = [p for p in q.recentProgress if p["numInputRows"] > 0][1:batches]  # skip warm-up batch 0
+    done = [p for p in q.recentProgress if p["numInputRows"] > 0]
+    if len(done) < batches:
+        raise TimeoutError(f"{label}: {batches} batches not done in 900s")
+    if any(p["numInputRows"] != rows for p in done):
+        raise AssertionError(f"{label}: micro-batches of {[p['numInputRows'] for p in done]} rows, not {rows}")
+    progress = done[1:batches]  # skip warm-up batch 0
     seconds = [p["durationMs"]["triggerExecution"] / 1000 for p in progress]
     result = {"guarantee": label, "mode": mode, "batches": len(progress), "rows": sum(p["numInputRows"] for p in progress),
               "seconds": sum(seconds), "batch_s": statistics.median(seconds)}
     result["rate"] = result["rows"] / result["seconds"]
     result["per_batch"] = [round(x, 2) for x in seconds]
     result["add_batch"] = [round(p["durationMs"]["addBatch"] / 1000, 2) for p in progress]
-    if guarantee == "exactly-once":
+    if guarantee == "exactly-once" and client != "spark":
         options.pop("kafkaClient")
         log = KafkaSink.from_options(options).transaction_log()
         ids = {p["batchId"] for p in progress}
@@ -87,6 +116,8 @@ def run_spark(spark, bootstrap: str, mode: str, rows: int, batches: int, partiti
                   if r.checkpoint_id in ids and "COMMITTED" in r.timestamps]
         result["commit_ms"] = statistics.median(commit) * 1000 if commit else float("nan")
         result["endtxn_ms"] = statistics.median(endtxn) * 1000 if endtxn else float("nan")
+    if client != "noop":  # what a read_committed reader sees is what the completed batches wrote
+        result["check"] = check_topic(bootstrap, topic, rows, len(done), guarantee == "exactly-once", label)
     return result
 
 
@@ -103,6 +134,8 @@ def merge(results: list[dict]) -> dict:
     for key in ("commit_ms", "endtxn_ms"):
         if key in out:
             out[key] = statistics.median(r[key] for r in results)
+    if "check" in out:
+        out["check"] = {k: sum(r["check"][k] for r in results) for k in ("records", "duplicates")}
     return out
 
 
@@ -120,8 +153,9 @@ def run_bare(bootstrap: str, n: int, partitions: int) -> dict:
     p.flush()
     seconds = time.perf_counter() - started
     p.close()
-    return {"guarantee": "bare kafka-python producer (one process)", "batches": 1, "rows": n, "seconds": seconds,
-            "batch_s": float("nan"), "rate": n / seconds}
+    label = "bare kafka-python producer (one process)"
+    return {"guarantee": label, "batches": 1, "rows": n, "seconds": seconds, "batch_s": float("nan"),
+            "rate": n / seconds, "check": check_topic(bootstrap, topic, n, 1, True, label)}
 
 
 def run_bare_rdkafka(bootstrap: str, n: int, partitions: int) -> dict:
@@ -145,45 +179,60 @@ def run_bare_rdkafka(bootstrap: str, n: int, partitions: int) -> dict:
                 except BufferError:  # the queue is full: serve delivery reports, retry
                     poll(0.05)
         poll(0)
-    p.flush()
+    left = p.flush(120)
     seconds = time.perf_counter() - started
-    return {"guarantee": "bare librdkafka producer (one process)", "batches": 1, "rows": n, "seconds": seconds,
-            "batch_s": float("nan"), "rate": n / seconds}
+    label = "bare librdkafka producer (one process)"
+    if left:
+        raise AssertionError(f"{label}: {left} records not acknowledged")
+    return {"guarantee": label, "batches": 1, "rows": n, "seconds": seconds, "batch_s": float("nan"),
+            "rate": n / seconds, "check": check_topic(bootstrap, topic, n, 1, True, label)}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS"))
+    ap.add_argument("--quick", action="store_true",
+                    help="a small run: 100,000 records per batch, one round, no kafka-python run, small source runs")
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--kp-rows", type=int, default=200_000, help="records per micro-batch of the kafka-python run")
     ap.add_argument("--batches", type=int, default=3, help="micro-batches per mode, the first is warm-up")
     ap.add_argument("--partitions", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=2, help="runs per mode, alternating which mode goes first")
+    ap.add_argument("--no-source", action="store_true", help="skip the source comparison (bench_kafka_read.py)")
+    ap.add_argument("--source-rows", type=int, default=1_000_000, help="offsets per micro-batch of the source runs")
     args = ap.parse_args()
+    if args.quick:
+        args.rows, args.rounds, args.kp_rows, args.source_rows = 100_000, 1, 0, 100_000
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     import contextlib
     from integration.kafka.broker import kafka_broker
-    from integration.spark_session import make_spark
+    from integration.kafka.spark_kafka import connector_version, spark_with_kafka_connector
+    import bench_kafka_read
 
     with contextlib.ExitStack() as stack:
         bootstrap = args.bootstrap or stack.enter_context(kafka_broker())
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-kafka-"))
         os.environ["TWOPHASE_STATE_DIR"] = tmp
-        spark = make_spark("bench-kafka", cores=args.partitions, new_session=False)
+        spark = spark_with_kafka_connector("bench-kafka", cores=args.partitions,
+                                           conf={"spark.ui.showConsoleProgress": "false"})
         register_noop(spark)
         started = time.time()
         try:
             # alternate the order each round: on a shared 2-core machine, load from elsewhere moves a
             # single run by +-20%, more than the protocol costs; rounds average that out
             runs: dict[str, list[dict]] = {m: [] for m in MODES}
-            fast = ["eo", "alo", "noop"]
+            fast = ["spark", "eo", "spark-tuned", "alo", "noop"]
             for r in range(args.rounds):
                 for m in (fast if r % 2 == 0 else fast[::-1]):
                     runs[m].append(run_spark(spark, bootstrap, m, args.rows, args.batches, args.partitions, tmp))
-                    print(f"# {runs[m][-1]}", flush=True)  # progress (the table comes at the end)
-            runs["eo-kp"].append(run_spark(spark, bootstrap, "eo-kp", args.kp_rows, args.batches, args.partitions, tmp))
-            print(f"# {runs['eo-kp'][-1]}", flush=True)
-            res = {m: merge(rs) for m, rs in runs.items()}
+                    print(f"# {runs[m][-1]}", file=sys.stderr, flush=True)  # progress (the tables come at the end)
+            if args.kp_rows:
+                runs["eo-kp"].append(run_spark(spark, bootstrap, "eo-kp", args.kp_rows, args.batches,
+                                               args.partitions, tmp))
+                print(f"# {runs['eo-kp'][-1]}", file=sys.stderr, flush=True)
+            res = {m: merge(rs) for m, rs in runs.items() if rs}
+            source = None if args.no_source else bench_kafka_read.spark_source_comparison(
+                spark, bootstrap, args.source_rows, args.batches, args.partitions, args.rounds, tmp)
         finally:
             spark.stop()
         n = args.rows * (args.batches - 1)
@@ -191,23 +240,36 @@ def main() -> int:
         bare_kp = run_bare(bootstrap, min(n, 200_000), args.partitions)
         took = time.time() - started
 
-    eo, alo = res["eo"], res["alo"]
-    print(f"\ntwophase-kafka, {args.rows:,} records per micro-batch ({args.kp_rows:,} for kafka-python), "
-          f"{args.partitions} writer tasks, ~100-byte values, {eo['batches']} measured batches per mode in "
-          f"{args.rounds} alternating rounds (kafka-python: 1 round), broker {bootstrap}, {took:.0f}s in all\n")
-    print("| run | records/s | median batch (s) | commit phase per batch (ms) | vs at-least-once | vs bare librdkafka |")
+    import confluent_kafka
+    import kafka
+    import pyspark
+    base, eo = res["spark"], res["eo"]
+    print(f"\ntwophase-kafka against Spark's kafka sink: {args.rows:,} records per micro-batch"
+          f"{f' ({args.kp_rows:,} for kafka-python)' if args.kp_rows else ''}, {args.partitions} writer tasks and "
+          f"topic partitions, ~100-byte values, {base['batches']} measured batches per mode in {args.rounds} "
+          f"alternating rounds, broker {bootstrap}, {took:.0f}s in all. PySpark {pyspark.__version__}, "
+          f"spark-sql-kafka-0-10 {connector_version()}, confluent-kafka {confluent_kafka.version()[0]} (librdkafka "
+          f"{confluent_kafka.libversion()[0]}), kafka-python {kafka.__version__}\n")
+    print("| run | records/s | median batch (s) | commit phase per batch (ms) | read back (read_committed) | "
+          "vs Spark's kafka sink |")
     print("|---|---:|---:|---:|---:|---:|")
-    for r in (eo, alo, res["eo-kp"], res["noop"], bare_rd, bare_kp):
+    for r in [res[m] for m in ("spark", "spark-tuned", "eo", "alo", "eo-kp", "noop") if m in res] + [bare_rd, bare_kp]:
         commit = f"{r['commit_ms']:.0f} (EndTxn + COMMITTED: {r['endtxn_ms']:.0f})" if "commit_ms" in r else "-"
         batch = f"{r['batch_s']:.2f}" if r["batch_s"] == r["batch_s"] else "-"
-        print(f"| {r['guarantee']} | {r['rate']:,.0f} | {batch} | {commit} | {r['rate'] / alo['rate']:.2f} | "
-              f"{r['rate'] / bare_rd['rate']:.2f} |")
-    print(f"\nexactly-once / at-least-once = {eo['rate'] / alo['rate']:.2f} by total time, "
-          f"{alo['batch_s'] / eo['batch_s']:.2f} by median batch (goal >= 0.9); "
-          f"exactly-once / bare librdkafka = {eo['rate'] / bare_rd['rate']:.2f} (goal >= 0.5); "
-          f"librdkafka / kafka-python exactly-once = {eo['rate'] / res['eo-kp']['rate']:.1f}x")
+        check = f"{r['check']['records']:,}, {r['check']['duplicates']} dup." if "check" in r else "-"
+        print(f"| {r['guarantee']} | {r['rate']:,.0f} | {batch} | {commit} | {check} | "
+              f"{r['rate'] / base['rate']:.2f} |")
+    print("\nread back: every record a read_committed reader sees in the runs' topics (all batches, the warm-up "
+          "and any batch done before the stop included), each checked against the completed batches' keys")
+    print(f"\ntwophase-kafka exactly-once / Spark's kafka sink = {eo['rate'] / base['rate']:.2f} (goal >= 0.8; "
+          f"{eo['rate'] / res['spark-tuned']['rate']:.2f} against Spark's sink with twophase's producer settings); "
+          f"exactly-once / at-least-once = {eo['rate'] / res['alo']['rate']:.2f}; "
+          f"exactly-once / bare librdkafka = {eo['rate'] / bare_rd['rate']:.2f}; "
+          f"no-op Python sink / Spark's sink = {res['noop']['rate'] / base['rate']:.2f}")
     for m, r in res.items():
         print(f"{r['guarantee']}: batch seconds {r['per_batch']}, addBatch {r['add_batch']}")
+    if source is not None:
+        bench_kafka_read.print_source_table(source, args.source_rows, args.batches, args.partitions, args.rounds)
     return 0
 
 
