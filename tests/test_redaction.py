@@ -531,6 +531,13 @@ def test_user_sink_hook_errors_pass_through_the_redaction() -> None:
     "postgresql://writer:PGPW-s3cr3t%2Fx@127.0.0.1:1/app",
     "postgresql://writer@127.0.0.1:1/app?password=PGPW-s3cr3t%2Fx&sslmode=disable",
     "host=127.0.0.1 port=1 user=writer password=PGPW-s3cr3t%2Fx dbname=app",
+    # session 14: a password with ',', ';' or '&' (valid in a conninfo value, or a URI query value) was masked only
+    # up to that character: 'password=***,PGPW-s3cr3t' in the repr and in every error
+    "host=127.0.0.1 port=1 user=writer password=ab,PGPW-s3cr3t dbname=app",
+    "host=127.0.0.1 port=1 user=writer password=a&b;PGPW-s3cr3t dbname=app",
+    "postgresql://writer@127.0.0.1:1/app?password=ab;PGPW-s3cr3t,x&sslmode=disable",
+    "postgresql://writer@127.0.0.1:1/app?sslmode=disable&password=ab%2C,PGPW-s3cr3t",
+    "host=127.0.0.1 port=1 user=writer password='a b,PGPW-s3cr3t' dbname=app",
 ])
 def test_postgres_sink_url_password_never_in_repr_errors_or_pickled_text(url, tmp_path) -> None:
     """twophase-postgres: the libpq URL's password (userinfo, query parameter or key=value conninfo) is masked

@@ -66,6 +66,13 @@ _SAS_SIG = re.compile(r"(?P<pre>(?:^|[?&;\s\"'])sig=)(?P<sig>[^&\s;\"']+)", re.I
 _URL_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^/\s:@]*):(?P<pw>[^\s@]+)@")
 
 
+# libpq's password settings (``password``, ``sslpassword``; twophase-postgres's option 'url'): in a URI's query
+# string the value ends at '&' or '#'; in a key=value conninfo an unquoted value ends only at whitespace (',', ';'
+# and '&' belong to it: the generic pattern below stopped there and showed the rest), a quoted one at its quote
+_LIBPQ_QUERY_PW = re.compile(r"(?P<pre>[?&](?:ssl)?password=)(?P<v>[^&#\s]+)", re.IGNORECASE)
+_LIBPQ_KEYWORD_PW = re.compile(r"""(?P<pre>(?<![\w.\-?&])(?:ssl)?password\s*=\s*)"""
+                               r"""(?P<v>'(?:[^'\\]|\\.)*'|[^\s'"]\S*)""", re.IGNORECASE)
+
 # a JSON Web Token (OAUTHBEARER access tokens, OIDC id tokens): three base64url parts, the first a JSON object
 _JWT = re.compile(r"\beyJ[A-Za-z0-9_\-]{4,}\.[A-Za-z0-9_\-]{4,}\.[A-Za-z0-9_\-]*")
 # an HTTP Authorization header's credentials (Bearer token, Basic client id:secret) in a logged request or error
@@ -92,6 +99,8 @@ def redact_text(text: str) -> str:
     out = _JWT.sub(MASK, out)
     out = _AUTHORIZATION.sub(lambda m: f"{m.group('pre')}{MASK}", out)
     out = _SAS_SIG.sub(lambda m: f"{m.group('pre')}{MASK}", out)
+    out = _LIBPQ_QUERY_PW.sub(lambda m: f"{m.group('pre')}{MASK}", out)
+    out = _LIBPQ_KEYWORD_PW.sub(lambda m: f"{m.group('pre')}" + (f"'{MASK}'" if m.group("v")[:1] == "'" else MASK), out)
     return _KEY_VALUE.sub(_mask_key_value, out)
 
 
