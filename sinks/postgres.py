@@ -27,7 +27,9 @@ Invariants (``test_pg_invN_*`` in ``integration/postgres/``):
    task and nothing of its transaction stays (rolled back before PREPARE).
 2. A repeated commit is ALREADY_COMMITTED, a lost one LOST: the gid is gone in both cases, but a committed
    transaction left its row in the marker table (written inside the same transaction), a rolled-back one did
-   not. The marker rows of checkpoints below the highest committed one are pruned by the sweep.
+   not. The marker rows of checkpoints below the highest committed one are pruned by the sweep; a gid without its
+   marker whose checkpoint the log records COMMITTED with that gid is ALREADY_COMMITTED too (a zombie driver's
+   late commit of a batch a restarted driver committed, its marker pruned since).
 3. ``abort`` is ``ROLLBACK PREPARED`` (or the open transaction's rollback); a missing gid is fine; it never
    touches committed rows (a committed gid no longer exists).
 4. The handle is ``{"gid": ...}``: the driver (or a recovering process) needs only the gid and the URL.
@@ -262,7 +264,9 @@ class PostgresSink(DestinationChecks, TwoPhaseCommitSink[dict]):
             given = {}
         keepalives = {k: v for k, v in self.KEEPALIVES.items() if k not in given}
         try:
-            return psycopg.connect(self.url, autocommit=autocommit, connect_timeout=30,
+            # client_encoding: COPY sends UTF-8 bytes (binary and CSV alike); a connection in the database's encoding
+            # (or a role's, or PGCLIENTENCODING's) took them as LATIN1 etc. and stored 'é' as 'Ã©', silently
+            return psycopg.connect(self.url, autocommit=autocommit, connect_timeout=30, client_encoding="UTF8",
                                    application_name=f"twophase-{sink_token(self.sink_id)}", **keepalives)
         except psycopg.Error as e:
             text = redact_values(redact_text(str(e)).strip(), [self._password()])
@@ -438,12 +442,24 @@ class PostgresSink(DestinationChecks, TwoPhaseCommitSink[dict]):
             found = conn.execute(f"SELECT 1 FROM {self.marker} WHERE gid = %s", (gid,)).fetchone()
         except psycopg.Error as e:
             raise self._error(e, f"reading the marker of {gid}") from None
-        if found:
+        if found or self._committed_in_log(gid):
             return CommitStatus.ALREADY_COMMITTED
         raise DataLossError(
             f"prepared transaction {gid} is not in pg_prepared_xacts and its marker is not in "
             f"{self.marker_schema}.{self.marker_table}: it was rolled back (ROLLBACK PREPARED by an operator, or the "
             "server's data directory restored) and its rows are not in the table")
+
+    def _committed_in_log(self, gid: str) -> bool:
+        """Whether the transaction log has ``gid``'s checkpoint COMMITTED with ``gid`` among its handles: COMMITTED is
+        written only after every handle's commit succeeded, so the gid was committed (by another driver: this one is
+        a zombie that woke after a restarted driver committed the batch, and the sweep pruned its marker since)."""
+        cid = self.own_checkpoint(gid)
+        if cid is None:
+            return False
+        record = self.transaction_log().get(cid)
+        return (record is not None and record.state.value == "COMMITTED"
+                and any(isinstance(h, dict) and (h.get("txn") or {}).get("gid") == gid
+                        for h in dict(record.handles).values()))
 
     def abort(self, txn: dict) -> None:
         gid = txn["gid"]
