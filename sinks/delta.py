@@ -59,8 +59,10 @@ Invariants (``test_delta_sink_invN_*``):
    (:mod:`twophase.sinks._delta_checks`); the task fails with ConstraintViolationError. A requirement the
    table gained while a checkpoint was in flight is checked at commit against that checkpoint's files
    (each committable records what its writer enforced); rows that break it stop the commit, loudly.
-   Tables whose files twophase cannot write correctly (column mapping, identity columns) are refused on
-   the driver.
+   Tables whose files twophase cannot write correctly (column mapping, identity columns, and every table
+   feature not on :data:`~twophase.sinks._delta_checks.WRITABLE_FEATURES`: deletion vectors, type widening,
+   row tracking, clustering, ...) are refused on the driver before the query writes anything, naming the
+   feature (an allow-list of the table's protocol; checked again at commit).
 7. On a local table the per-batch sweep costs what the batch wrote, never what the table holds: every
    attempt (a Python writer, the native path's rename) appends each data file's name to its own record
    ``_twophase/<token>/names/<ckpt>/<task>-<attempt>`` BEFORE creating the file; the sweep right after
@@ -80,6 +82,7 @@ Invariants (``test_delta_sink_invN_*``):
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as _dt
 import json
 import math
@@ -93,7 +96,7 @@ from typing import Any, ClassVar, Iterator, Mapping, Optional, Sequence, TypedDi
 
 import pyarrow as pa
 
-from twophase.sinks._delta_checks import TableChecks, table_checks
+from twophase.sinks._delta_checks import TableChecks, check_table_protocol, table_checks, table_open_error
 from twophase.sinks._filelike import FileLikeWriter
 from twophase.sinks._formats import ParquetFormatWriter
 from twophase.sinks._filelike import check_partition_columns
@@ -733,6 +736,9 @@ class DeltaSink(SinkSpec[DeltaCommittable]):
     #: the sweep of a just-committed checkpoint lists only where its files can be (see abort_lingering)
     sweep_after_commit = True
     supports_write_jobs = True
+    #: the table may be created after validate_destination, from the first batch's columns (the native path's
+    #: check_schema); False: a sink without a schema needs the table to exist
+    table_from_batch = False
 
     def __init__(self, options: DeltaSinkOptions) -> None:
         self.options = options
@@ -780,7 +786,13 @@ class DeltaSink(SinkSpec[DeltaCommittable]):
         so = self.options.storage_options()
         if not dl.DeltaTable.is_deltatable(self.uri, storage_options=so):
             return None
-        return dl.DeltaTable(self.uri, storage_options=so)
+        try:
+            return dl.DeltaTable(self.uri, storage_options=so)
+        except Exception as e:  # delta-rs cannot load the table: a reader feature it does not know, a catalog's table
+            refused = table_open_error(self.uri, e)
+            if refused is None:
+                raise
+            raise refused from None
 
     def sync_commit(self, checkpoint_id: Optional[int], since: Optional[int] = None) -> None:
         """Make the table's Delta commit of ``checkpoint_id`` durable (local tables; a store's PUT is durable).
@@ -855,7 +867,9 @@ class DeltaSink(SinkSpec[DeltaCommittable]):
     # ---- driver-side set-up (invariant 5)
 
     def validate_destination(self) -> None:
-        """Check the bucket or container, then create the table or check the stream's schema against it."""
+        """Check the bucket or container, then create the table or check the stream's schema against it; refuse
+        a table whose features twophase-delta does not write (:func:`~twophase.sinks._delta_checks.check_protocol`)
+        before anything is written. Without a schema (``DeltaSink.from_options(options)``) the table must exist."""
         if self.options.on_s3:
             check_bucket(self.files.client, self.files.bucket, sink="twophase-delta", url=self.uri,
                          config=self.files.config)
@@ -869,6 +883,25 @@ class DeltaSink(SinkSpec[DeltaCommittable]):
                 raise ConfigurationError(f"twophase-delta: option 'path'={self.uri!r} cannot be created: {e.strerror}") from e
         if self.options.schema is not None:
             self.ensure_schema(self.options.schema)
+            return
+        dt = self._table()
+        if dt is None and self.table_from_batch:
+            return
+        if dt is None:
+            raise ConfigurationError(
+                f"twophase-delta: the table {self.uri} does not exist and the sink has no schema to create it with: "
+                "build the sink with the stream's Arrow schema, DeltaSink.from_options(options, schema) (what "
+                "format('twophase-delta') does; twophase.spark.foreach_batch gives it the batch's schema), or create "
+                "the table first")
+        check_table_protocol(dt)
+
+    def adopt_schema(self, schema: pa.Schema) -> None:
+        """Give a sink built without a schema (``DeltaSink.from_options(options)``) the stream's ``schema``, as
+        format('twophase-delta') builds its sink: :meth:`validate_destination` then creates the table from it, or
+        checks it against the table on the driver. A sink that has a schema keeps it."""
+        if self.options.schema is None:
+            check_partition_columns("twophase-delta", self.options.partition_by, schema)
+            self.options = dataclasses.replace(self.options, schema=schema)
 
     def ensure_schema(self, schema: pa.Schema) -> None:
         """Create the table for ``schema`` or check ``schema`` against it (invariant 5)."""
@@ -882,6 +915,7 @@ class DeltaSink(SinkSpec[DeltaCommittable]):
             _log.info("delta_table_created", sink_id=self.sink_id, uri=self.uri, partition_by=list(self.partition_by))
             self.sync_commit(None)
             dt = self._table()
+        check_table_protocol(dt)  # before anything is written to the table, a schema change included
         table_parts = tuple(dt.metadata().partition_columns)
         if self.options.partition_by and tuple(self.options.partition_by) != table_parts:
             raise ConfigurationError(f"twophase-delta: option 'partitionBy'={','.join(self.options.partition_by)} but the "

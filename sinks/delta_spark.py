@@ -29,4 +29,9 @@ class DeltaDataSource(TwoPhaseSinkDataSource):
 
     @classmethod
     def check_sink_columns(cls, what: str, sink: DeltaSink, schema: StructType) -> None:
+        """Refuse columns Delta cannot hold exactly; a sink built without a schema (``foreach_batch(DeltaSink.
+        from_options(options))``) takes the batch's, as this format's sink does: the table is then created from
+        the first batch's columns, or checked against them, on the driver (``validate_destination``)."""
         check_columns(what, schema, "delta", partition_by=sink.partition_by or sink.options.partition_by)
+        if sink.options.schema is None:
+            sink.adopt_schema(arrow_schema(schema))

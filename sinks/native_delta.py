@@ -128,6 +128,8 @@ class NativeDeltaCommitter(DeltaCommitter):
 class NativeDeltaSink(DeltaSink):
     """twophase-delta with :class:`NativeDeltaCommitter`; the log, names and Delta commit are the same."""
 
+    table_from_batch = True  # DeltaNativeTarget.check_schema creates the table from the batch's columns
+
     def create_committer(self) -> NativeDeltaCommitter:
         return NativeDeltaCommitter(self)
 

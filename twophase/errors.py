@@ -23,6 +23,16 @@ class ConfigurationError(TwoPhaseError, ValueError):
     """An option is missing, malformed or inconsistent; raised before any data moves. Fix the option named."""
 
 
+class UnsupportedTableFeatureError(ConfigurationError):
+    """A Delta table uses table features (its protocol's reader or writer features, or a protocol version)
+    twophase-delta does not write correctly; refused on the driver before the query writes anything.
+    ``features`` names them; the message names the table property or command that removes each."""
+
+    def __init__(self, message: str, *, features: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.features = features
+
+
 class MissingDependencyError(TwoPhaseError, ImportError):
     """An optional dependency is not installed; the message names the extra to install (``pip install twophase[x]``)."""
 
