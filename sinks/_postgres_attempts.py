@@ -166,7 +166,9 @@ def completion_guard(sink: "PostgresSink", checkpoint_id: int, acks: Sequence[An
     try:
         try:
             for gid in gids:
-                conn.execute(f"SELECT pg_advisory_lock({_KEY})", (gid,))
+                with sink.waiting(f"the fence lock of '{gid}' (held by another run's dead-attempt rollback or "
+                                  "completer; a paused one holds it until it is resumed or killed)"):
+                    conn.execute(f"SELECT pg_advisory_lock({_KEY})", (gid,))
             prepared = {r[0] for r in conn.execute("SELECT gid FROM pg_prepared_xacts WHERE gid = ANY(%s)",
                                                    (gids,)).fetchall()}
             missing = [g for g in gids if g not in prepared]

@@ -36,7 +36,10 @@ Invariants (``test_pg_invN_*`` in ``integration/postgres/``):
 5. The sweep rolls back this sink's own prepared transactions of checkpoints ``<= n`` (recorded ones through
    the base's pending records, the rest found in ``pg_prepared_xacts`` by token and table digest); it warns
    (``postgres_prepared_transaction_old``) when one of its own is older than ``preparedWarnAfter`` seconds:
-   a prepared transaction holds its locks and holds back VACUUM until it is committed or rolled back.
+   a prepared transaction holds its locks and holds back VACUUM until it is committed or rolled back. A driver
+   statement (COMMIT / ROLLBACK PREPARED, the completion guard's fence locks) that waits on the server warns
+   (``postgres_statement_waiting``) every ``WAIT_WARN_S`` seconds: a paused server answers keepalives, so only the
+   server ends such a wait.
 6. Checked on the driver before any data moves (:meth:`PostgresSink.validate_destination`,
    :meth:`PostgresSink.check_spark_schema`): the server answers with these credentials,
    ``max_prepared_transactions > 0``, the table exists, the role may write it (and the marker table), every
@@ -47,11 +50,13 @@ Invariants (``test_pg_invN_*`` in ``integration/postgres/``):
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import re
 import threading
-from typing import Any, Callable, Optional, Sequence, Union
+import time
+from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 from twophase._logging import get_logger
 from twophase._redact import redact_text, redact_values
@@ -204,7 +209,7 @@ class PostgresSink(DestinationChecks, TwoPhaseCommitSink[dict]):
         self._init_local()
 
     def __repr__(self) -> str:
-        return (f"PostgresSink(url={redact_text(self.url)!r}, table={self.qualified!r}, sink_id={self.sink_id!r}, "
+        return (f"PostgresSink(url={self.shown_url()!r}, table={self.qualified!r}, sink_id={self.sink_id!r}, "
                 f"upsertKeys={list(self.upsert_keys)})")
 
     # ---- names
@@ -236,7 +241,7 @@ class PostgresSink(DestinationChecks, TwoPhaseCommitSink[dict]):
         psycopg = _psycopg()
         text = redact_values(redact_text(str(e)).strip(), [self._password()])
         where = f"twophase-postgres (sink {self.sink_id!r}, table {self.schema}.{self.table}, " \
-                f"url {redact_text(self.url)}): {doing}"
+                f"url {self.shown_url()}): {doing}"
         if isinstance(e, psycopg.errors.IntegrityError):
             return ConstraintViolationError(f"{where}: a row breaks a constraint of the table ({text}); nothing of "
                                             "this task's transaction was kept")
@@ -254,6 +259,37 @@ class PostgresSink(DestinationChecks, TwoPhaseCommitSink[dict]):
     #: TCP keepalives unless the url sets them: a silent network partition (no RST) ends a connection waiting for
     #: an answer (the driver's COMMIT PREPARED, a task's COPY) in about a minute instead of hanging it for hours
     KEEPALIVES = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10, "keepalives_count": 3}
+
+    #: seconds a driver-side statement (COMMIT PREPARED, ROLLBACK PREPARED, the completion guard's fence locks) waits
+    #: on the server before the sink warns, and again every as many seconds while it waits
+    WAIT_WARN_S = 30.0
+
+    @contextlib.contextmanager
+    def waiting(self, doing: str) -> Iterator[None]:
+        """Warn ``postgres_statement_waiting`` every :attr:`WAIT_WARN_S` seconds while the block waits. Nothing
+        else ends such a wait: a stopped (SIGSTOP) or hung server's kernel answers TCP keepalives, a server-side
+        statement_timeout cannot fire in a stopped process, and a fence lock is waited for without a timeout (its
+        holder, another run's rollback or completer, releases it in a moment unless it is paused)."""
+        done = threading.Event()
+        start = time.monotonic()
+
+        def watch() -> None:
+            while not done.wait(self.WAIT_WARN_S):
+                _log.warning("postgres_statement_waiting", sink_id=self.sink_id, doing=doing,
+                             waited_s=round(time.monotonic() - start, 1), url=self.shown_url(),
+                             consequence="the server has not answered (paused, overloaded, a network partition, or a "
+                                         "lock held by a paused process); it goes on when the server answers")
+
+        watcher = threading.Thread(target=watch, name="twophase-postgres-waiting", daemon=True)
+        watcher.start()
+        try:
+            yield
+        finally:
+            done.set()
+
+    def shown_url(self) -> str:
+        """Option 'url' as it may be shown: the password masked (:mod:`twophase._redact`)."""
+        return redact_text(self.url)
 
     def connect(self, *, autocommit: bool) -> Any:
         psycopg = _psycopg()
@@ -274,7 +310,7 @@ class PostgresSink(DestinationChecks, TwoPhaseCommitSink[dict]):
                    "pg_hba.conf" if "password" in text or "authentication" in text
                    else "check host, port and database in option 'url', and that the server accepts TCP connections")
             raise ConfigurationError(f"twophase-postgres (sink {self.sink_id!r}): cannot connect to "
-                                     f"{redact_text(self.url)}: {text}; {fix}",
+                                     f"{self.shown_url()}: {text}; {fix}",
                                      retriable=isinstance(e, psycopg.OperationalError) and "password" not in fix) from None
 
     def _driver_conn(self) -> Any:
@@ -431,17 +467,18 @@ class PostgresSink(DestinationChecks, TwoPhaseCommitSink[dict]):
         literal = _gid_literal(gid)
         psycopg = _psycopg()
         conn = self._driver_conn()
-        try:
-            conn.execute(f"COMMIT PREPARED {literal}")
-            return None
-        except psycopg.errors.UndefinedObject:
-            pass  # gone: committed before (its marker is there) or rolled back (it is not)
-        except psycopg.Error as e:
-            raise self._error(e, f"COMMIT PREPARED '{gid}'") from None
-        try:
-            found = conn.execute(f"SELECT 1 FROM {self.marker} WHERE gid = %s", (gid,)).fetchone()
-        except psycopg.Error as e:
-            raise self._error(e, f"reading the marker of {gid}") from None
+        with self.waiting(f"COMMIT PREPARED '{gid}'"):
+            try:
+                conn.execute(f"COMMIT PREPARED {literal}")
+                return None
+            except psycopg.errors.UndefinedObject:
+                pass  # gone: committed before (its marker is there) or rolled back (it is not)
+            except psycopg.Error as e:
+                raise self._error(e, f"COMMIT PREPARED '{gid}'") from None
+            try:
+                found = conn.execute(f"SELECT 1 FROM {self.marker} WHERE gid = %s", (gid,)).fetchone()
+            except psycopg.Error as e:
+                raise self._error(e, f"reading the marker of {gid}") from None
         if found or self._committed_in_log(gid):
             return CommitStatus.ALREADY_COMMITTED
         raise DataLossError(
@@ -480,7 +517,8 @@ class PostgresSink(DestinationChecks, TwoPhaseCommitSink[dict]):
         psycopg = _psycopg()
         conn = self._driver_conn()
         try:
-            conn.execute(f"ROLLBACK PREPARED {_gid_literal(gid)}")
+            with self.waiting(f"ROLLBACK PREPARED '{gid}'"):
+                conn.execute(f"ROLLBACK PREPARED {_gid_literal(gid)}")
         except psycopg.errors.UndefinedObject:
             pass  # never prepared, rolled back before, or committed: nothing of ours to discard
         except psycopg.Error as e:

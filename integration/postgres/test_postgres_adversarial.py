@@ -327,3 +327,87 @@ def test_pg_adv_the_sweeps_take_only_this_sinks_gids_on_this_table_in_this_datab
                                  (g,)).fetchone():
                         c.execute(f"ROLLBACK PREPARED '{g}'")
         a.close()
+
+
+# --------------------------------------------------------------------------- a server that stops answering
+
+
+def _server_pids(pg) -> list[int]:
+    import os
+    from integration.nemesis.harness import descendants
+    if not pg.directory:
+        pytest.skip("an external server (TWOPHASE_PG_URL): no local process to pause")
+    with open(os.path.join(pg.directory, "data", "postmaster.pid")) as f:
+        pid = int(f.readline())
+    return [pid] + descendants(pid)
+
+
+def test_pg_adv_a_commit_waiting_on_a_paused_server_warns_while_it_waits_then_commits(pg, tmp_path, caplog,
+                                                                                     monkeypatch):
+    """Found in session 14: the server SIGSTOPped (postmaster and backends) while the driver's COMMIT PREPARED is on
+    its way: its kernel answers TCP keepalives and statement_timeout cannot fire in a stopped process, so the commit
+    waited the whole pause (hours, for a hung host) and nothing said why. Now the sink warns
+    (postgres_statement_waiting, naming the statement and the gid, never the password) every WAIT_WARN_S seconds
+    while it waits; once the server answers, the commit completes (every row once)."""
+    import logging
+    import os
+    import signal
+    import time
+    table = pg.new_table("id bigint NOT NULL, v text", prefix="pause")
+    sink = _sink(pg, tmp_path, table, sink_id="adv-pause")
+    monkeypatch.setattr(PostgresSink, "WAIT_WARN_S", 0.5, raising=False)
+    ack = run_task(sink, TransactionContext(sink.sink_id, 0, "0"), [_rows([1, 2])])
+    sink._driver_conn()  # the driver's connection is open before the pause (a connect would time out: named)
+    pids = _server_pids(pg)
+    result: dict = {}
+
+    def commit() -> None:
+        try:
+            result["status"] = sink.commit(ack.handle["txn"])
+        except Exception as e:  # noqa: BLE001 - reported below
+            result["error"] = e
+
+    with caplog.at_level(logging.WARNING, logger="twophase"):
+        for p in pids:
+            os.kill(p, signal.SIGSTOP)
+        try:
+            t = threading.Thread(target=commit)
+            t.start()
+            t.join(2.5)
+            assert t.is_alive(), result
+        finally:
+            for p in pids:
+                os.kill(p, signal.SIGCONT)
+        t.join(30)
+        time.sleep(0.6)  # no warning after the wait ended
+    waiting = [r.getMessage() for r in caplog.records if "postgres_statement_waiting" in r.getMessage()]
+    assert waiting and all("COMMIT PREPARED" in m and ack.handle["txn"]["gid"] in m for m in waiting), waiting
+    assert not any("twophase-pg-pw" in m for m in waiting)
+    assert "error" not in result, result
+    assert pg.ids(table) == [1, 2] and pg.prepared(sink.gid_prefix) == []
+    sink.close()
+
+
+def test_pg_adv_a_completer_waiting_on_a_fence_lock_warns_while_it_waits(pg, tmp_path, caplog, monkeypatch):
+    """Found in session 14: the completion guard's pg_advisory_lock waits without a timeout on a roller that holds
+    the gid's fence lock (a dead-attempt rollback of another run, paused between its try-lock and its unlock: a
+    SIGSTOPped zombie executor): the batch's commit hung, silently. Now it warns while it waits, and completes once the
+    lock is free."""
+    import logging
+    from twophase.sinks._postgres_attempts import _KEY
+    table = pg.new_table("id bigint NOT NULL, v text", prefix="fence")
+    sink = _sink(pg, tmp_path, table, sink_id="adv-fencewait")
+    monkeypatch.setattr(PostgresSink, "WAIT_WARN_S", 0.5, raising=False)
+    ack = run_task(sink, TransactionContext(sink.sink_id, 3, "0"), [_rows([5])])
+    holder = psycopg.connect(pg.url, autocommit=True)  # the paused roller's session
+    holder.execute(f"SELECT pg_advisory_lock({_KEY})", (ack.handle["txn"]["gid"],))
+    timer = threading.Timer(2.0, holder.close)
+    with caplog.at_level(logging.WARNING, logger="twophase"):
+        timer.start()
+        with sink.completion_guard(3, [ack]):
+            outcome = CheckpointCoordinator(sink).complete_batch(3, [ack], expected_tasks=["0"])
+    timer.join()
+    assert outcome.value == "COMMITTED" and pg.ids(table) == [5]
+    waiting = [r.getMessage() for r in caplog.records if "postgres_statement_waiting" in r.getMessage()]
+    assert waiting and all("fence lock" in m for m in waiting), waiting
+    sink.close()
