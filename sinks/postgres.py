@@ -298,17 +298,23 @@ class PostgresSink(DestinationChecks, TwoPhaseCommitSink[dict]):
             given = conninfo_to_dict(self.url)
         except Exception:  # the connect below names what is wrong with the url
             given = {}
-        keepalives = {k: v for k, v in self.KEEPALIVES.items() if k not in given}
+        # the url's own connect_timeout and keepalives hold (keywords given here would override the url's)
+        keepalives = {k: v for k, v in {"connect_timeout": 30, **self.KEEPALIVES}.items() if k not in given}
         try:
             # client_encoding: COPY sends UTF-8 bytes (binary and CSV alike); a connection in the database's encoding
             # (or a role's, or PGCLIENTENCODING's) took them as LATIN1 etc. and stored 'é' as 'Ã©', silently
-            return psycopg.connect(self.url, autocommit=autocommit, connect_timeout=30, client_encoding="UTF8",
+            return psycopg.connect(self.url, autocommit=autocommit, client_encoding="UTF8",
                                    application_name=f"twophase-{sink_token(self.sink_id)}", **keepalives)
         except psycopg.Error as e:
             text = redact_values(redact_text(str(e)).strip(), [self._password()])
-            fix = ("check the user and password in option 'url' (or PGPASSWORD / ~/.pgpass) and the server's "
-                   "pg_hba.conf" if "password" in text or "authentication" in text
-                   else "check host, port and database in option 'url', and that the server accepts TCP connections")
+            if "password" in text or "authentication" in text:
+                fix = ("check the user and password in option 'url' (or PGPASSWORD / ~/.pgpass) and the server's "
+                       "pg_hba.conf")
+            elif "timeout expired" in text:  # the TCP handshake answered (the kernel), the server did not
+                fix = (f"the server did not answer within connect_timeout ({given.get('connect_timeout', 30)} s): "
+                       "it is paused, overloaded or unreachable; retried")
+            else:
+                fix = "check host, port and database in option 'url', and that the server accepts TCP connections"
             raise ConfigurationError(f"twophase-postgres (sink {self.sink_id!r}): cannot connect to "
                                      f"{self.shown_url()}: {text}; {fix}",
                                      retriable=isinstance(e, psycopg.OperationalError) and "password" not in fix) from None

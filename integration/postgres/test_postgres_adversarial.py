@@ -370,6 +370,16 @@ def _server_pids(pg) -> list[int]:
     return [pid] + descendants(pid)
 
 
+def _signal(pids: list[int], sig: int) -> None:
+    """``sig`` to each of ``pids``; a backend that ended since it was listed (a closed connection's) is skipped."""
+    import os
+    for p in pids:
+        try:
+            os.kill(p, sig)
+        except ProcessLookupError:
+            pass
+
+
 def test_pg_adv_a_commit_waiting_on_a_paused_server_warns_while_it_waits_then_commits(pg, tmp_path, caplog,
                                                                                      monkeypatch):
     """Found in session 14: the server SIGSTOPped (postmaster and backends) while the driver's COMMIT PREPARED is on
@@ -378,7 +388,6 @@ def test_pg_adv_a_commit_waiting_on_a_paused_server_warns_while_it_waits_then_co
     (postgres_statement_waiting, naming the statement and the gid, never the password) every WAIT_WARN_S seconds
     while it waits; once the server answers, the commit completes (every row once)."""
     import logging
-    import os
     import signal
     import time
     table = pg.new_table("id bigint NOT NULL, v text", prefix="pause")
@@ -396,16 +405,14 @@ def test_pg_adv_a_commit_waiting_on_a_paused_server_warns_while_it_waits_then_co
             result["error"] = e
 
     with caplog.at_level(logging.WARNING, logger="twophase"):
-        for p in pids:
-            os.kill(p, signal.SIGSTOP)
+        _signal(pids, signal.SIGSTOP)
         try:
             t = threading.Thread(target=commit)
             t.start()
             t.join(2.5)
             assert t.is_alive(), result
         finally:
-            for p in pids:
-                os.kill(p, signal.SIGCONT)
+            _signal(pids, signal.SIGCONT)
         t.join(30)
         time.sleep(0.6)  # no warning after the wait ended
     waiting = [r.getMessage() for r in caplog.records if "postgres_statement_waiting" in r.getMessage()]
@@ -468,3 +475,27 @@ def test_pg_adv_one_sink_id_in_two_queries_on_one_table_never_loses_a_decided_ba
     assert 1 in pg.ids(table)
     q1.close()
     q2.close()
+
+
+def test_pg_adv_a_connect_to_a_paused_server_fails_after_the_urls_connect_timeout_naming_the_timeout(pg, tmp_path):
+    """Found in session 14: the sink passed connect_timeout=30 over the url's own (libpq's keywords override the
+    conninfo), so a url's connect_timeout was ignored; and the timeout's error said 'check host, port and database',
+    which is not what a paused or overloaded server needs. Now the url's connect_timeout holds (30 s without one),
+    and the retriable error names the timeout."""
+    import signal
+    import time
+    from twophase.errors import ConfigurationError
+    table = pg.new_table("id bigint NOT NULL, v text", prefix="ctimeout")
+    sink = PostgresSink(url=pg.url + "?connect_timeout=2", table=table, sink_id="adv-ctimeout",
+                        log_location=str(tmp_path / "l"))
+    pids = _server_pids(pg)
+    _signal(pids, signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        with pytest.raises(ConfigurationError) as e:
+            sink.connect(autocommit=True)
+        took = time.monotonic() - start
+    finally:
+        _signal(pids, signal.SIGCONT)
+    assert took < 10, took
+    assert e.value.retriable and "did not answer within" in str(e.value) and "twophase-pg-pw" not in str(e.value)
