@@ -497,7 +497,7 @@ class PostgresSink(DestinationChecks, TwoPhaseCommitSink[dict]):
         written only after every handle's commit succeeded, so the gid was committed (by another driver: this one is
         a zombie that woke after a restarted driver committed the batch, and the sweep pruned its marker since)."""
         cid = self.own_checkpoint(gid)
-        if cid is None:
+        if cid is None or self.guarantee is not Guarantee.EXACTLY_ONCE:  # at-least-once: no log (commits in the task)
             return False
         record = self.transaction_log().get(cid)
         return (record is not None and record.state.value == "COMMITTED"
