@@ -106,6 +106,7 @@ class DestinationChecks:
                     f"{where}: role {conn.info.user} may not {', '.join(missing)} table {self.schema}.{self.table}: "
                     f"GRANT {', '.join(missing)} ON {self.qualified} TO {_quote_ident(conn.info.user)}")
             self._ensure_marker(conn)
+            self.claim_prefix(conn)
             if self.upsert_keys:
                 self._check_upsert_keys(conn)
             self.warn_old_prepared(conn)
@@ -134,6 +135,42 @@ class DestinationChecks:
                 f"{where}: role {conn.info.user} may not {', '.join(missing)} the marker table "
                 f"{self.marker_schema}.{self.marker_table}: GRANT SELECT, INSERT, DELETE ON {self.marker} TO "
                 f"{_quote_ident(conn.info.user)}")
+
+    #: the marker table's row that claims a gid prefix for one transaction log: gid = OWNER + gid prefix, gid_prefix =
+    #: OWNER + the log's location (never a gid: every gid starts with 'tp_'; never pruned: its gid_prefix is no sink's)
+    OWNER = "owner:"
+
+    def claim_prefix(self, conn: Any) -> None:
+        """One sink id on one table serves one query (one transaction log): the first log to start claims the gid
+        prefix in the marker table; another log is refused. Two logs sharing a prefix sweep each other's prepared
+        transactions, a decided batch's too (it is LOST then). A batch write's sink id carries its log's digest
+        already (``#write:``); a sink without a log location yet claims nothing."""
+        import os
+        from twophase.errors import ConfigurationError as _CE
+        if "#write:" in self.sink_id:
+            return
+        try:
+            location = self.resolved_log_location()
+        except _CE:
+            return
+        location = location.rstrip("/") if "://" in location else os.path.abspath(location)
+        key, mine = self.OWNER + self.gid_prefix, self.OWNER + location
+        row = None
+        for _ in range(3):  # a claim released between the insert and the read is claimed again
+            conn.execute(f"INSERT INTO {self.marker} (gid, gid_prefix, checkpoint_id) VALUES (%s, %s, 0) "
+                         "ON CONFLICT (gid) DO NOTHING", (key, mine))
+            row = conn.execute(f"SELECT gid_prefix FROM {self.marker} WHERE gid = %s", (key,)).fetchone()
+            if row is not None:
+                break
+        if row is not None and row[0] != mine:
+            from twophase._redact import redact_text
+            raise ConfigurationError(
+                f"twophase-postgres (sink {self.sink_id!r}): option 'sink_id' {self.sink_id!r} on table "
+                f"{self.schema}.{self.table} belongs to another query: its transaction log is at "
+                f"{redact_text(row[0][len(self.OWNER):])}, this one's at {redact_text(location)}. Two logs with one sink "
+                "id on one table roll back each other's prepared transactions (a committed batch's too: lost). Give "
+                "this query its own sink_id; or, if the other query is gone for good (its checkpoint deleted or "
+                f"moved here), release its claim: DELETE FROM {self.marker} WHERE gid = '{key}'")
 
     def _check_upsert_keys(self, conn: Any) -> None:
         cols = self.columns(conn)

@@ -44,7 +44,9 @@ Invariants (``test_pg_invN_*`` in ``integration/postgres/``):
    :meth:`PostgresSink.check_spark_schema`): the server answers with these credentials,
    ``max_prepared_transactions > 0``, the table exists, the role may write it (and the marker table), every
    column of the stream exists in the table with a type it round-trips through, NOT NULL columns without a
-   default are in the stream, ``upsertKeys`` match a unique index. Each error names the option or setting
+   default are in the stream, ``upsertKeys`` match a unique index, and the gid prefix is this log's (the first log to
+   start claims it in the marker table: two logs with one sink id on one table would sweep each other's prepared
+   transactions). Each error names the option or setting
    and the fix. The URL's password is never in a message, a log line or a repr (:mod:`twophase._redact`).
 """
 

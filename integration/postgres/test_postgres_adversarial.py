@@ -319,14 +319,14 @@ def test_pg_adv_the_sweeps_take_only_this_sinks_gids_on_this_table_in_this_datab
         c.execute(f"CREATE TABLE IF NOT EXISTS {table} (id bigint NOT NULL, v text)")
 
     def prepared_by(sink_id: str, t: str, url: str = pg.url) -> tuple[PostgresSink, str]:
-        s = PostgresSink(url=url, table=t, sink_id=sink_id, log_location=str(tmp_path / uuid.uuid4().hex))
+        s = PostgresSink(url=url, table=t, sink_id=sink_id, log_location=str(tmp_path / f"log-{sink_id}"))
         s.validate_destination()
         gid = run_task(s, TransactionContext(sink_id, 1, "0"), [_rows([1])]).handle["txn"]["gid"]
         s.close()
         return s, gid
 
     _, mine = prepared_by("adv-own", table)
-    a = PostgresSink(url=pg.url, table=table, sink_id="adv-own", log_location=str(tmp_path / "log-a"))  # a new run
+    a = PostgresSink(url=pg.url, table=table, sink_id="adv-own", log_location=str(tmp_path / "log-adv-own"))  # new run
     others = [prepared_by("adv-own-b", table)[1], prepared_by("adv-own", other_table)[1],
               prepared_by("adv-own", table, other_db)[1]]
     # foreign transactions named with A's prefix: not of the form gid() makes
@@ -448,15 +448,12 @@ def test_pg_adv_a_completer_waiting_on_a_fence_lock_warns_while_it_waits(pg, tmp
     sink.close()
 
 
-@pytest.mark.xfail(strict=True, reason="open (session 14): one sink id in two queries (two logs) on one table shares "
-                                       "the gid prefix; each query's sweep rolls back the other's decided prepared "
-                                       "transactions. Not detected: the sink id is the ownership key (documented)")
 def test_pg_adv_one_sink_id_in_two_queries_on_one_table_never_loses_a_decided_batch(pg, tmp_path):
-    """A gid prefix collision by configuration: two queries (two checkpoint locations, so two logs) given the same
-    sinkId write one table. Query 1 recorded batch 5 COMPLETED and is about to COMMIT PREPARED; query 2 commits its
-    batch 7, and its sweep (checkpoints <= 7 of its prefix, which is query 1's too) rolls back query 1's batch 5:
-    query 1's commit is LOST. Either the second query must be refused at its start, or the sweep must keep the other
-    query's gids."""
+    """Found in session 14, a gid prefix collision by configuration: two queries (two checkpoint locations, so two
+    logs) given the same sinkId write one table. Query 1 recorded batch 5 COMPLETED and is about to COMMIT PREPARED;
+    query 2 committed its batch 7, and its sweep (checkpoints <= 7 of its prefix, which is query 1's too) rolled back
+    query 1's batch 5: query 1's commit was LOST. Now the first log to validate claims the prefix (a row of the marker
+    table) and the second query is refused at its start, naming both logs and how to release the claim."""
     table = pg.new_table("id bigint NOT NULL, v text", prefix="twoq")
     q1 = PostgresSink(url=pg.url, table=table, sink_id="adv-shared", log_location=str(tmp_path / "q1"))
     q2 = PostgresSink(url=pg.url, table=table, sink_id="adv-shared", log_location=str(tmp_path / "q2"))
@@ -465,16 +462,20 @@ def test_pg_adv_one_sink_id_in_two_queries_on_one_table_never_loses_a_decided_ba
     log = q1.transaction_log()
     log.transition(5, CheckpointState.PENDING)
     log.transition(5, CheckpointState.COMPLETED, handles={"0": dict(ack1.handle)})
+    from twophase.errors import ConfigurationError
     try:
         q2.validate_destination()
         ack2 = run_task(q2, TransactionContext(q2.sink_id, 7, "0"), [_rows([2])])
         CheckpointCoordinator(q2).complete_batch(7, [ack2], expected_tasks=["0"])
-    except TwoPhaseError:
-        pass  # the second query refused: acceptable
+    except ConfigurationError as e:  # the second query refused at its start
+        assert "sink_id" in str(e) and str(tmp_path / "q1") in str(e) and "DELETE FROM" in str(e), str(e)
     testing.commit(q1, ack1.handle)
     assert 1 in pg.ids(table)
-    q1.close()
-    q2.close()
+    q1.validate_destination()  # the owner itself, again (every batch, every restart)
+    q3 = PostgresSink(url=pg.url, table=table, sink_id="adv-shared", log_location=str(tmp_path / "q1") + "/")
+    q3.validate_destination()  # the same log, written with a trailing slash
+    for s in (q1, q2, q3):
+        s.close()
 
 
 def test_pg_adv_a_connect_to_a_paused_server_fails_after_the_urls_connect_timeout_naming_the_timeout(pg, tmp_path):
