@@ -113,6 +113,37 @@ def test_coordinator_complete_batch_checks_expected_tasks(coord, sink, txlog):
     assert txlog.get(1).state is C.ABORTED
 
 
+def test_coordinator_inv4_prepared_data_gone_before_the_decision_declines_the_batch_rerun_commits(
+        coord, sink, txlog, monkeypatch):
+    """A committer that can tell, before the decision, that a prepared transaction was already ended by the
+    destination (Kafka: the broker expired it after ``transaction.timeout.ms``) makes the batch a declined one:
+    every handle aborted, ABORTED recorded, nothing committed, a retriable error naming it. Deciding it instead
+    would leave a COMPLETED checkpoint that can only become LOST (DataLossError and an operator) although
+    nothing was decided yet. The re-run (Spark's restart) commits every row once."""
+    acks = prepare_all(sink, 1)
+    gone = acks[1].handle["txn"]
+    asked: list[tuple[int, list[str]]] = []
+
+    def check_prepared(checkpoint_id, committables):
+        asked.append((checkpoint_id, [c.txn for c in committables]))
+        return [f"{c.txn}: expired" for c in committables if c.txn == gone]
+    monkeypatch.setattr(sink, "check_prepared", check_prepared, raising=False)
+    with pytest.raises(CheckpointDeclinedError) as err:
+        coord.complete_batch(1, acks, expected_tasks=TASKS)
+    assert err.value.retriable
+    assert gone in str(err.value) and "checkpoint 1" in str(err.value)
+    assert asked == [(1, txn_ids(acks))]
+    assert sink.committed == []
+    assert sorted(sink.aborted) == sorted(txn_ids(acks))
+    assert txlog.get(1).state is C.ABORTED
+    monkeypatch.setattr(sink, "check_prepared", lambda checkpoint_id, committables: [], raising=False)
+    rerun = prepare_all(sink, 1)
+    assert coord.complete_batch(1, rerun, expected_tasks=TASKS) == "COMMITTED"
+    assert sink.committed == txn_ids(rerun)
+    assert sorted(sink.visible) == ["1/0", "1/1", "1/2"]
+    assert_exactly_once(sink)
+
+
 def test_coordinator_rerun_of_an_aborted_batch_commits_the_new_attempt(coord, sink, txlog):
     first = prepare_all(sink, 1)
     with pytest.raises(CheckpointDeclinedError):
@@ -742,8 +773,8 @@ def test_coordinator_every_entry_point_asks_decide(coord, sink, txlog, monkeypat
     assert events(coord.resolve_lost, 7, "gone") == [E.RESOLVE_LOST]
 
 
-def test_coordinator_reaches_the_committer_only_through_its_three_methods():
-    """Every use of ``self.committer`` is inside _abort_handles, _commit_handles or _sweep (one seam to
+def test_coordinator_reaches_the_committer_only_through_its_seam_methods():
+    """Every use of ``self.committer`` is inside _abort_handles, _commit_handles, _check_handles or _sweep (one seam to
     the sink), and the sink's spec only in ``__init__`` (its committer and its log)."""
     import ast
     import inspect
@@ -760,7 +791,7 @@ def test_coordinator_reaches_the_committer_only_through_its_three_methods():
                 users.add(fn.name)
             if isinstance(node, ast.Attribute) and node.attr in ("transaction_log", "create_committer"):
                 spec_users.add(fn.name)
-    assert users == {"_abort_handles", "_commit_handles", "_sweep"}
+    assert users == {"_abort_handles", "_commit_handles", "_check_handles", "_sweep"}
     assert spec_users == {"__init__"}
 
 

@@ -18,7 +18,9 @@ Invariants (named in tests as ``test_coordinator_invN_*``):
 2. commit (also at recovery) is idempotent per checkpoint id: a COMMITTED checkpoint is never
    committed again, and handles arriving for it (a re-run or retried commit) are aborted.
 3. A notification for checkpoint n commits every completed, uncommitted checkpoint <= n, in order.
-4. Handles of a declined, expired or subsumed checkpoint are aborted, never committed.
+4. Handles of a declined, expired or subsumed checkpoint are aborted, never committed. A checkpoint one of
+   whose prepared transactions the sink already lost before the decision (``SinkCommitter.check_prepared``:
+   Kafka's broker expired it) is declined the same way: aborted, retriable, never decided.
 5. Recovery commits every COMPLETED checkpoint and aborts every PENDING one and every lingering
    transaction of checkpoints up to the highest committed id, before any new data is written.
    Lingering transactions of higher (aborted) ids are left alone, since such an id may be attempted
@@ -37,7 +39,7 @@ What the coordinator does on each event is one pure function, :func:`twophase.de
 (event, record state, facts) -> actions, whose module docstring has the whole decision table. Every
 entry point below reads what it needs, asks it, and hands the actions to the executor
 (:meth:`CheckpointCoordinator._execute`), the only place that writes a checkpoint record; the sink is
-reached only through ``_abort_handles``, ``_commit_handles`` and ``_sweep``.
+reached only through ``_abort_handles``, ``_commit_handles``, ``_check_handles`` and ``_sweep``.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 from twophase import faults
 from twophase._logging import get_logger
 from twophase.checkpoint import (CheckpointProperties, CompletedCheckpoint, Handle, PendingCheckpoint,
-                                 TaskAcknowledgeResult)
+                                 TaskAcknowledgeResult, _task_sort_key)
 from twophase.decisions import (AbortHandles, Action, CheckSuperseded, CommitHandles, CommitOutcome, CommitUpTo,
                                 DeclineWriteJob, Event,
                                 Facts, Handles, Outcome, Prune, Refuse, RefuseResolve, Sweep, TakeAcks, WriteAborted,
@@ -156,7 +158,7 @@ class CheckpointCoordinator:
 
     Every public entry point reads what it needs, asks :func:`twophase.decisions.decide` and hands the
     actions to :meth:`_execute`, the only place that writes a checkpoint record; the sink is reached only
-    through :meth:`_abort_handles`, :meth:`_commit_handles` and :meth:`_sweep`.
+    through :meth:`_abort_handles`, :meth:`_commit_handles`, :meth:`_check_handles` and :meth:`_sweep`.
     """
 
     def __init__(self, sink: "SinkSpec[Any] | SinkCommitter[Any]", log: Optional[TransactionLog] = None, *,
@@ -201,6 +203,10 @@ class CheckpointCoordinator:
         lost = [r for r in results if r.status is CommitStatus.LOST]
         if lost:
             raise DataLossError("; ".join(r.detail or f"task {r.committable.task_id}: data gone" for r in lost))
+
+    def _check_handles(self, checkpoint_id: int, handles: Sequence[Handle]) -> list[str]:
+        """The committer's ``check_prepared`` of JSON handles, before the decision: what it found gone."""
+        return list(self.committer.check_prepared(checkpoint_id, [self.committer.decode(h) for h in handles]))
 
     def _sweep(self, up_to: int) -> int:
         """Abort this sink's lingering transactions ``<= up_to`` (committed or recovered up to there: nothing
@@ -404,8 +410,25 @@ class CheckpointCoordinator:
             self.abort_checkpoint(checkpoint_id, f"tasks {missing} did not acknowledge")
             raise CheckpointDeclinedError(
                 f"checkpoint {checkpoint_id} of sink {self.log.sink_id!r} aborted: tasks {missing} did not ack")
+        self._check_prepared(pending)
         self._complete_and_commit(pending)
         return CommitOutcome.COMMITTED
+
+    def _check_prepared(self, pending: PendingCheckpoint) -> None:
+        """Invariant 4, before step 3: a handle whose prepared data the sink already lost (the committer's
+        ``check_prepared``: Kafka's broker expired the transaction) declines the checkpoint like a missing
+        ack: every handle aborted, nothing decided, a retriable error (the batch runs again). Deciding it
+        would make a checkpoint that can only become LOST, an operator's case, while nothing was decided."""
+        cid = pending.checkpoint_id
+        acked = pending.acked_handles
+        gone = self._check_handles(cid, [acked[t] for t in sorted(acked, key=_task_sort_key)])
+        if not gone:
+            return
+        reason = "; ".join(gone)
+        self.abort_checkpoint(cid, f"prepared data gone before the decision: {reason}")
+        raise CheckpointDeclinedError(
+            f"checkpoint {cid} of sink {self.log.sink_id!r} was not decided: {reason}. Every transaction of it "
+            "was aborted and nothing of it committed; the batch runs again")
 
     def _bind_query(self, checkpoint_id: int, acks: Sequence[Ack]) -> None:
         """Invariant 6: the acks' query must be the log's; otherwise abort them and refuse."""

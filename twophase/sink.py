@@ -298,6 +298,15 @@ class SinkCommitter(abc.ABC, Generic[C]):
             results = [self.commit(c, recovering=recovering) for c in rest]
         return [first, *results]
 
+    def check_prepared(self, checkpoint_id: int, committables: Sequence[C]) -> list[str]:
+        """Before the decision (coordinator step 3): one description per committable whose prepared data the
+        destination has already discarded, so that it can never commit (a lease that ran out: Kafka's broker
+        aborts a transaction older than ``transaction.timeout.ms``). Any: the checkpoint is declined (aborted,
+        retriable) instead of decided, since deciding it would only make it LOST. The default (prepared data
+        is durable until commit or abort) finds none. A check that cannot tell returns none: the commit
+        still tells lost from committed."""
+        return []
+
     def abort_lingering(self, up_to_checkpoint: int, highest_committed: Optional[int]) -> int:
         """Abort this sink's transactions of checkpoints ``<= up_to_checkpoint`` that no completed
         checkpoint owns (invariant 5); ``highest_committed`` is the log's highest COMMITTED id when the
