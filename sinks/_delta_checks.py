@@ -229,8 +229,9 @@ def check_protocol(protocol: Any, config: Optional[dict[str, str]], uri: str) ->
         f"{SINK}: the table {uri} uses Delta table features twophase-delta does not write correctly: "
         f"{', '.join(names)}{extra} (protocol: minReaderVersion {protocol.min_reader_version}, minWriterVersion "
         f"{protocol.min_writer_version}, readerFeatures {protocol.reader_features}, writerFeatures "
-        f"{protocol.writer_features}), so twophase-delta does not write to it. To write to it: {fixes}. twophase-delta writes "
-        f"tables whose features are among {sorted(WRITABLE_FEATURES)} (docs/delta.md)", features=names)
+        f"{protocol.writer_features}), so twophase-delta does not write to it. To write to it: {fixes}. "
+        f"twophase-delta writes tables whose features are among {sorted(WRITABLE_FEATURES)} (docs/delta.md)",
+        features=names)
 
 
 def check_table_protocol(dt: Any) -> None:
@@ -255,9 +256,9 @@ def table_open_error(uri: str, error: BaseException) -> Optional[UnsupportedTabl
     fix = _feature_fix(feature) if feature != "protocol" else "a table with a protocol delta-rs reads"
     return UnsupportedTableFeatureError(
         f"{SINK}: the table {uri} uses the Delta table feature {feature!r}, which delta-rs (twophase-delta's "
-        f"committer) cannot even load ({type(error).__name__}: {text[:300]}), so twophase-delta does not write to it. To write "
-        f"to it: {fix}. twophase-delta writes tables whose features are among {sorted(WRITABLE_FEATURES)} "
-        "(docs/delta.md)", features=(feature,))
+        f"committer) cannot even load ({type(error).__name__}: {text[:300]}), so twophase-delta does not write to "
+        f"it. To write to it: {fix}. twophase-delta writes tables whose features are among "
+        f"{sorted(WRITABLE_FEATURES)} (docs/delta.md)", features=(feature,))
 
 
 def table_checks(dt: Any, stream: pa.Schema) -> TableChecks:

@@ -97,7 +97,7 @@ def test_legacy_protocol_versions_imply_their_features(reader, writer, config, e
 
 
 def hand_made_table(path: str, reader: int, writer: int, reader_features=None, writer_features=None,
-                    config: dict | None = None) -> None:
+                    config: dict | None = None, schema: dict | None = None) -> None:
     """A table whose first log entry carries the given protocol (delta-rs creates no table with most features)."""
     os.makedirs(os.path.join(path, "_delta_log"))
     protocol = {"minReaderVersion": reader, "minWriterVersion": writer}
@@ -106,7 +106,7 @@ def hand_made_table(path: str, reader: int, writer: int, reader_features=None, w
     if writer_features is not None:
         protocol["writerFeatures"] = writer_features
     meta = {"id": str(uuid.uuid4()), "format": {"provider": "parquet", "options": {}},
-            "schemaString": json.dumps(DELTA_SCHEMA), "partitionColumns": [], "configuration": config or {},
+            "schemaString": json.dumps(schema or DELTA_SCHEMA), "partitionColumns": [], "configuration": config or {},
             "createdTime": int(time.time() * 1000)}
     with open(os.path.join(path, "_delta_log", f"{0:020d}.json"), "w") as f:
         for action in ({"commitInfo": {"timestamp": meta["createdTime"], "operation": "CREATE TABLE"}},
@@ -136,7 +136,8 @@ def write_one_batch(sink: DeltaSink) -> str:
     (3, 7, ["fooBar"], ["fooBar"], "fooBar"),  # a reader feature nobody knows: delta-rs cannot even load the table
 ])
 @pytest.mark.parametrize("with_schema", [True, False])
-def test_refused_on_the_driver_before_any_data_file(tmp_path, reader, writer, rf, wf, feature, with_schema):
+def test_delta_sink_inv6_unwritable_table_feature_refused_on_the_driver_before_any_data_file(
+        tmp_path, reader, writer, rf, wf, feature, with_schema):
     """Before the check, the writer features of this list failed only at the Delta commit (delta-rs's
     CommitFailedError 'Unsupported table features required'), after the task had written its data file."""
     path = str(tmp_path / "t")
@@ -178,6 +179,22 @@ def test_a_feature_added_after_the_driver_checked_is_refused_at_commit(tmp_path)
     with pytest.raises(UnsupportedTableFeatureError, match="rowTracking"):
         CheckpointCoordinator(sink).complete_batch(0, [ack], ["0"])
     assert DeltaTable(path).version() == 1
+
+
+@pytest.mark.parametrize("reader,writer,rf,wf", [(1, 2, None, None), (1, 7, None, ["appendOnly", "invariants"])])
+def test_legacy_column_invariants_are_written_and_enforced(tmp_path, reader, writer, rf, wf):
+    """``invariants`` (delta-spark no longer creates them; older tables have them): allowed, and a row that breaks
+    the column's invariant fails the batch with nothing of it committed."""
+    from twophase.errors import ConstraintViolationError
+    path = str(tmp_path / "t")
+    invariant = json.dumps({"expression": {"expression": "id > 0"}})
+    hand_made_table(path, reader, writer, rf, wf, schema={"type": "struct", "fields": [
+        {"name": "id", "type": "long", "nullable": True, "metadata": {"delta.invariants": invariant}}]})
+    sink = DeltaSink.from_options({"path": path}, SCHEMA)
+    assert write_one_batch(sink) == "COMMITTED"  # ids 1, 2
+    with pytest.raises(ConstraintViolationError, match=r"1 row\(s\) of the batch break the table's invariant on 'id'"):
+        run_task(sink, TransactionContext(sink.sink_id, 1, "0"), [pa.record_batch({"id": [3, 0]}, schema=SCHEMA)])
+    assert DeltaTable(path).to_pyarrow_table().column("id").to_pylist() == [1, 2]
 
 
 # --------------------------------------------------------------------------- a sink without a schema
