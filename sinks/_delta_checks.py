@@ -247,9 +247,9 @@ def table_open_error(uri: str, error: BaseException) -> Optional[UnsupportedTabl
     m = re.search(r"Feature '([^']+)' is not supported", text)
     if m:
         feature = m.group(1)
-    elif "catalog" in text.lower() and "version" in text.lower():
+    elif "Max catalog version" in text:  # a catalog-managed table (catalogManaged, catalogOwned-preview)
         feature = "catalogManaged"
-    elif "protocol" in text.lower():
+    elif "Invalid protocol action" in text:
         feature = "protocol"
     else:
         return None

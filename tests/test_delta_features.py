@@ -150,6 +150,18 @@ def test_delta_sink_inv6_unwritable_table_feature_refused_on_the_driver_before_a
     assert table_files(path) == before, "a data file or log entry was written before the refusal"
 
 
+@pytest.mark.parametrize("reader,writer,rf,wf,feature", [
+    (3, 7, ["catalogManaged"], ["catalogManaged"], "catalogManaged"),  # delta-rs: 'Max catalog version ...'
+    (1, 7, None, None, "protocol"),  # delta-rs: 'Invalid protocol action' (writer 7 without writer features)
+])
+def test_a_table_delta_rs_cannot_load_is_refused_by_name(tmp_path, reader, writer, rf, wf, feature):
+    path = str(tmp_path / "t")
+    hand_made_table(path, reader, writer, rf, wf)
+    with pytest.raises(UnsupportedTableFeatureError, match="cannot even load") as e:
+        DeltaSink.from_options({"path": path}, SCHEMA).validate_destination()
+    assert e.value.features == (feature,)
+
+
 @pytest.mark.parametrize("writer_features", [["appendOnly", "invariants", "checkConstraints", "changeDataFeed",
                                               "generatedColumns", "timestampNtz"]])
 def test_the_allow_list_is_what_delta_rs_commits(tmp_path, writer_features):
