@@ -7,7 +7,7 @@ Its one concern: deciding the transactions the writers prepared; the invariants 
 from __future__ import annotations
 
 import time
-from typing import Optional
+from typing import Optional, Sequence
 
 from twophase._logging import get_logger
 from twophase.errors import ConfigurationError
@@ -63,6 +63,56 @@ class KafkaCommitter(SinkCommitter[KafkaCommittable]):
             f"{', '.join(missing)} are lost (transaction age {age_s:.0f}s). This checkpoint can never commit: after "
             f"re-producing or giving up that data, record the loss with: twophase log resolve {location} "
             f"--sink-id {self.sink.sink_id} --checkpoint {c.checkpoint_id} --accept-loss"))
+
+    def check_prepared(self, checkpoint_id: int, committables: Sequence[KafkaCommittable]) -> list[str]:
+        """Before the decision: each prepared transaction the broker already ended or is about to expire.
+
+        One DescribeTransactions per coordinator: a transaction no longer ``Ongoing`` with the committable's
+        producer id and epoch was aborted by the broker (``kafka.transaction.timeout.ms`` passed: a batch, or
+        a task re-run after a broker outage, outlived it) or fenced; one whose measured age (from before
+        ``init_transactions``, so never below the broker's) is within ``min(2 s, 10 %)`` of its timeout is
+        expired by the broker's next check, likely before the EndTxn arrives. Either would make the decided
+        checkpoint LOST (DataLossError, an operator's ``twophase log resolve``); found before the decision,
+        the coordinator declines the batch instead (aborted, re-run: nothing lost). A broker that cannot
+        describe (or does not answer within the retry deadline) is not asked: the commit still tells
+        committed from lost."""
+        live = [c for c in committables
+                if c.guarantee != Guarantee.AT_LEAST_ONCE.value and c.partitions and c.transactional_id]
+        if not live:
+            return []
+        from twophase.errors import TransientSinkError
+        try:
+            states = self.sink._client().describe([c.transactional_id for c in live])
+        except TransientSinkError as e:
+            _log.warning("prepared_check_skipped", checkpoint_id=checkpoint_id, error=str(e),
+                         consequence="decided without it; the commit tells committed from lost")
+            states = None
+        now = time.time()                                # after the describe, which may have waited for a coordinator
+        gone: dict[str, str] = {}
+        for c in live:
+            age_s = now - float(c.began_at) if c.began_at else None
+            st = None if states is None else states.get(c.transactional_id)
+            if states is not None and not (st is not None and st.state == "Ongoing"
+                                           and (st.producer_id, st.epoch) == (int(c.producer_id), int(c.epoch))):
+                gone[c.transactional_id] = (
+                    f"task {c.task_id}: the prepared transaction {c.transactional_id!r} (producer id "
+                    f"{c.producer_id}, epoch {c.epoch}) was already ended by the broker (now: {st}): expired after "
+                    f"kafka.transaction.timeout.ms={c.timeout_ms} ms"
+                    + (f" (age {age_s:.1f}s)" if age_s is not None else "") + ", or fenced")
+            elif age_s is not None and c.timeout_ms:
+                timeout_s = float(c.timeout_ms) / 1000
+                if age_s >= timeout_s - min(2.0, timeout_s / 10):
+                    gone[c.transactional_id] = (
+                        f"task {c.task_id}: the prepared transaction {c.transactional_id!r} is {age_s:.1f}s old, at "
+                        f"the end of kafka.transaction.timeout.ms={c.timeout_ms} ms (the broker aborts it at its "
+                        "next check, likely before its EndTxn)")
+        if gone:
+            _log.warning("prepared_transactions_gone", checkpoint_id=checkpoint_id, transactional_ids=sorted(gone),
+                         consequence="the batch is declined before the decision and runs again")
+        hint = ("raise kafka.transaction.timeout.ms (and the brokers' transaction.max.timeout.ms) if batches, with "
+                "their task re-runs and broker outages, outlive it")
+        found = [gone[c.transactional_id] for c in live if c.transactional_id in gone]
+        return found[:-1] + [f"{found[-1]}; {hint}"] if found else []
 
     def _check_age(self, committable: KafkaCommittable, *, recovering: bool = False) -> None:
         """Invariant 7: the measured age of a committable at commit against its transaction timeout.

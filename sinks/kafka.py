@@ -67,7 +67,10 @@ Invariants (``test_kafka_sink_invN_*``):
    with a detail naming the checkpoint, transactional id, partitions and the operator command
    ``twophase log resolve <log> --checkpoint N --accept-loss`` (the coordinator stops with
    :class:`~twophase.errors.DataLossError`). Never silently dropped. Transient errors (coordinator
-   moving, unreachable) raise, and the commit is retried.
+   moving, unreachable) raise, and the commit is retried. Before the decision, ``check_prepared``
+   (DescribeTransactions) finds a prepared transaction the broker already ended, or one within
+   ``min(2 s, 10 %)`` of its timeout: the coordinator then declines the batch (aborted, retriable, re-run)
+   instead of deciding a checkpoint that could only become LOST.
 3. ``abort`` never touches committed records (the broker refuses to abort a committed epoch; noida-db
    answers success to an abort after commit and keeps the records). Needs a broker: shown by
    ``integration/kafka/test_kafka_sink.py::test_kafka_sink_inv1_inv2_inv3_driver_commits_after_writer_exited_repeat_and_abort_keep_data``

@@ -13,7 +13,8 @@ from integration.kafka.broker import (broker_paused, committed_values, create_to
                                       unique, write_in_another_process)
 from twophase.sinks.kafka import KafkaCommittable, KafkaSink
 from twophase.coordinator import CheckpointCoordinator
-from twophase.errors import ConcurrentWriterError, ConfigurationError, DataLossError, TransientSinkError
+from twophase.errors import (CheckpointDeclinedError, ConcurrentWriterError, ConfigurationError, DataLossError,
+                             TransientSinkError)
 from twophase.sink import Ack, CommitStatus, TransactionContext, run_task
 from twophase.spark.datasource import prepare_sink
 from twophase.states import CheckpointState
@@ -73,6 +74,52 @@ def test_kafka_sink_inv2_expired_transaction_is_data_loss(env, kafka_bootstrap):
     msg = result.detail
     assert "checkpoint 7" in msg and ack.handle["transactional_id"] in msg and f"{topic}-" in msg
     assert committed_values(kafka_bootstrap, topic) == []
+
+
+def test_kafka_sink_inv2_transaction_expired_before_the_decision_declines_the_batch_rerun_commits(env, kafka_bootstrap):
+    """The broker ended one prepared transaction (its timeout passed: a task re-run after a broker outage waited
+    for its slowest sibling; here its epoch is bumped, as the broker's abort does) before the driver decided
+    the batch: the batch is declined (retriable, every transaction aborted, ABORTED in the log, nothing
+    visible), never decided into a DataLossError that only an operator's --accept-loss ends. The restarted
+    batch (new attempts) commits every record once, nothing left open. Before: DataLossError."""
+    raw, topic = env
+    sink = KafkaSink.from_options(raw, SCHEMA)
+    prepare_sink(sink, raw["checkpointLocation"], what="test")
+    acks = [run_task(sink, TransactionContext(sink.sink_id, 0, t, 0), [key_value_batch(f"first{t}", 10)])
+            for t in ("0", "1")]
+    expired = acks[1].handle["transactional_id"]
+    sink._client().fence(expired, 60_000)
+    with pytest.raises(CheckpointDeclinedError) as err:
+        CheckpointCoordinator(sink).complete_batch(0, acks, ["0", "1"])
+    assert err.value.retriable and expired in str(err.value) and "checkpoint 0" in str(err.value), str(err.value)
+    assert sink.transaction_log().get(0).state is CheckpointState.ABORTED
+    assert committed_values(kafka_bootstrap, topic) == []
+    again = KafkaSink.from_options(raw, SCHEMA)                    # Spark's restart runs the batch again
+    prepare_sink(again, raw["checkpointLocation"], what="restart")
+    rerun = [run_task(again, TransactionContext(again.sink_id, 0, t, 1), [key_value_batch(f"again{t}", 10)])
+             for t in ("0", "1")]
+    assert CheckpointCoordinator(again).complete_batch(0, rerun, ["0", "1"]) == "COMMITTED"
+    assert committed_values(kafka_bootstrap, topic) == sorted(f"again{t}-{i}".encode() for t in "01" for i in range(10))
+    assert _no_open_transactions(again)
+
+
+def test_kafka_sink_inv2_transaction_at_the_end_of_its_timeout_is_declined_not_decided(env, kafka_bootstrap):
+    """A prepared transaction still Ongoing but within min(2 s, 10 %) of its timeout when every ack is in
+    would be expired by the broker's next check, likely between the decision and its EndTxn (DataLossError):
+    the batch is declined instead, both transactions aborted, nothing visible."""
+    raw, topic = env
+    raw = {**raw, "kafka.transaction.timeout.ms": "60000"}
+    sink = KafkaSink.from_options(raw, SCHEMA)
+    prepare_sink(sink, raw["checkpointLocation"], what="test")
+    acks = [run_task(sink, TransactionContext(sink.sink_id, 0, t, 0), [key_value_batch(f"old{t}", 5)])
+            for t in ("0", "1")]
+    old = Ack(acks[0].checkpoint_id, acks[0].task_id, acks[0].attempt_uid,
+              {**acks[0].handle, "began_at": time.time() - 58.5}, acks[0].records)
+    with pytest.raises(CheckpointDeclinedError, match="kafka.transaction.timeout.ms=60000"):
+        CheckpointCoordinator(sink).complete_batch(0, [old, acks[1]], ["0", "1"])
+    assert sink.transaction_log().get(0).state is CheckpointState.ABORTED
+    assert committed_values(kafka_bootstrap, topic) == []
+    assert _no_open_transactions(sink)
 
 
 def test_kafka_sink_inv2_recommit_after_later_fence_is_not_data_loss(env, kafka_bootstrap):
@@ -246,14 +293,23 @@ def test_kafka_sink_timeout_refused_by_broker_fails_early_on_the_driver(env):
     assert "kafka.transaction.timeout.ms" in str(e.value) and "transaction.max.timeout.ms" in str(e.value)
 
 
-def test_kafka_sink_inv2_data_loss_names_the_operator_command(env):
-    """The committer reports LOST; the coordinator stops with DataLossError carrying the sink's detail,
-    which names the operator command, and the checkpoint stays COMPLETED."""
+def test_kafka_sink_inv2_data_loss_names_the_operator_command(env, monkeypatch):
+    """The broker ends the prepared transaction between the decision and its EndTxn (here: fenced as its
+    expiry does, right before the EndTxn goes out; fenced before the decision, the batch is declined):
+    the committer reports LOST; the coordinator stops with DataLossError carrying the sink's detail, which
+    names the operator command, and the checkpoint stays COMPLETED."""
+    from twophase.sinks import _kafka_txn
     raw, _topic = env
     sink = KafkaSink.from_options(raw, SCHEMA)
     prepare_sink(sink, raw["checkpointLocation"], what="test")
     ack = run_task(sink, TransactionContext(sink.sink_id, 4, "0", 0), [key_value_batch("gone", 3)])
-    sink._client().fence(ack.handle["transactional_id"], 60_000)
+    original = _kafka_txn.TxnClient.end_txn
+
+    def end_txn(self, transactional_id, producer_id, epoch, *, commit):
+        if commit:                                                  # decided: the broker expires it now
+            self.fence(transactional_id, 60_000)
+        return original(self, transactional_id, producer_id, epoch, commit=commit)
+    monkeypatch.setattr(_kafka_txn.TxnClient, "end_txn", end_txn)
     with pytest.raises(DataLossError) as e:
         CheckpointCoordinator(sink).complete_batch(4, [ack], ["0"])
     location = os.path.join(raw["checkpointLocation"], "twophase-kafka", raw["transactionalIdPrefix"])
