@@ -83,6 +83,10 @@ class DestinationChecks:
         return {r[0]: _Column(r[0], r[1], r[2], r[3], r[4]) for r in rows}
 
     def validate_destination(self) -> None:
+        with self.waiting("checking the destination"):
+            self._validate_destination()
+
+    def _validate_destination(self) -> None:
         conn = self._driver_conn()
         where = f"twophase-postgres (sink {self.sink_id!r})"
         try:

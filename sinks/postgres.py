@@ -542,7 +542,8 @@ class PostgresSink(DestinationChecks, TwoPhaseCommitSink[dict]):
             return 0
         psycopg = _psycopg()
         try:
-            return len(rollback_dead(self, self._driver_conn(), lambda cid: cid >= checkpoint_id))
+            with self.waiting(f"rolling back dead attempts of batch {checkpoint_id}"):
+                return len(rollback_dead(self, self._driver_conn(), lambda cid: cid >= checkpoint_id))
         except psycopg.Error as e:
             raise self._error(e, "rolling back prepared transactions of an earlier run of the batch") from None
 
@@ -565,7 +566,8 @@ class PostgresSink(DestinationChecks, TwoPhaseCommitSink[dict]):
         transactions of checkpoints the job's log recorded ABORTED; returns how many."""
         psycopg = _psycopg()
         try:
-            return len(rollback_aborted(self, self._driver_conn(), log))
+            with self.waiting("rolling back prepared transactions of aborted checkpoints"):
+                return len(rollback_aborted(self, self._driver_conn(), log))
         except psycopg.Error as e:
             raise self._error(e, "rolling back prepared transactions of aborted checkpoints") from None
 
@@ -621,13 +623,14 @@ class _PostgresCommitter(_UserCommitter):
         sink = self.sink
         psycopg = _psycopg()
         try:
-            conn = sink._driver_conn()
-            # a newer checkpoint's may still be acked
-            aborted += sink.rollback_own_prepared(conn, lambda cid: cid <= up_to_checkpoint)
-            if highest_committed is not None:
-                conn.execute(f"DELETE FROM {sink.marker} WHERE gid_prefix = %s AND checkpoint_id < %s",
-                             (sink.gid_prefix, highest_committed))
-            sink.warn_old_prepared(conn)
+            with sink.waiting(f"the sweep of prepared transactions of checkpoints <= {up_to_checkpoint}"):
+                conn = sink._driver_conn()
+                # a newer checkpoint's may still be acked
+                aborted += sink.rollback_own_prepared(conn, lambda cid: cid <= up_to_checkpoint)
+                if highest_committed is not None:
+                    conn.execute(f"DELETE FROM {sink.marker} WHERE gid_prefix = %s AND checkpoint_id < %s",
+                                 (sink.gid_prefix, highest_committed))
+                sink.warn_old_prepared(conn)
         except psycopg.Error as e:
             raise sink._error(e, "sweeping lingering prepared transactions") from None
         if aborted:

@@ -500,3 +500,40 @@ def test_pg_adv_a_connect_to_a_paused_server_fails_after_the_urls_connect_timeou
         _signal(pids, signal.SIGCONT)
     assert took < 10, took
     assert e.value.retriable and "did not answer within" in str(e.value) and "twophase-pg-pw" not in str(e.value)
+
+
+def test_pg_adv_the_drivers_checks_and_sweep_warn_while_a_paused_server_keeps_them_waiting(pg, tmp_path, caplog,
+                                                                                          monkeypatch):
+    """The other driver-side statements on an open connection (the destination check before every batch, the sweep
+    at recovery and after a commit) wait on a paused server too: each warns postgres_statement_waiting while it
+    waits, then completes."""
+    import logging
+    import signal
+    table = pg.new_table("id bigint NOT NULL, v text", prefix="pausechk")
+    sink = _sink(pg, tmp_path, table, sink_id="adv-pausechk")
+    monkeypatch.setattr(PostgresSink, "WAIT_WARN_S", 0.5, raising=False)
+    calls = {"validate_destination": sink.validate_destination,
+             "sweep": lambda: sink.create_committer().abort_lingering(5, 4)}
+    for name, call in calls.items():
+        caplog.clear()
+        pids = _server_pids(pg)
+        done: list = []
+
+        def run(call=call) -> None:
+            call()
+            done.append(True)
+
+        t = threading.Thread(target=run)
+        with caplog.at_level(logging.WARNING, logger="twophase"):
+            _signal(pids, signal.SIGSTOP)
+            try:
+                t.start()
+                t.join(1.8)
+                assert t.is_alive(), name
+            finally:
+                _signal(pids, signal.SIGCONT)
+            t.join(30)
+        assert done == [True], name  # completed after the pause
+        waiting = [r.getMessage() for r in caplog.records if "postgres_statement_waiting" in r.getMessage()]
+        assert waiting, name
+    sink.close()
