@@ -248,7 +248,7 @@ def main() -> int:
           f"{f' ({args.kp_rows:,} for kafka-python)' if args.kp_rows else ''}, {args.partitions} writer tasks and "
           f"topic partitions, ~100-byte values, {base['batches']} measured batches per mode in {args.rounds} "
           f"alternating rounds, broker {bootstrap}, {took:.0f}s in all. PySpark {pyspark.__version__}, "
-          f"spark-sql-kafka-0-10 {connector_version()}, confluent-kafka {confluent_kafka.version()[0]} (librdkafka "
+          f"spark-sql-kafka-0-10 {connector_version()}, confluent-kafka {confluent_kafka.__version__} (librdkafka "
           f"{confluent_kafka.libversion()[0]}), kafka-python {kafka.__version__}\n")
     print("| run | records/s | median batch (s) | commit phase per batch (ms) | read back (read_committed) | "
           "vs Spark's kafka sink |")
