@@ -136,9 +136,10 @@ def _spark_sql(expr: str) -> str:
 #: checked against delta-spark's reader and constraint checks (integration/delta_spark/test_delta_features.py):
 #: appends need nothing of appendOnly and changeDataFeed (an Add action is an insert to Delta's change feed);
 #: invariants, CHECK constraints and generated columns are enforced row by row (:class:`TableChecks`);
-#: timestamp_ntz columns are written as Delta's timestamp_ntz
+#: timestamp_ntz columns are written as Delta's timestamp_ntz; deletion vectors: an appended file has none, and
+#: delta-rs keeps the table's deletion vectors in the checkpoints it writes (rows deleted before stay deleted)
 WRITABLE_FEATURES: frozenset[str] = frozenset({"appendOnly", "invariants", "checkConstraints", "changeDataFeed",
-                                               "generatedColumns", "timestampNtz"})
+                                               "generatedColumns", "timestampNtz", "deletionVectors"})
 
 #: the writer features a legacy protocol (no feature lists) implies: (minimum writer version, feature); a legacy
 #: reader version 2 implies column mapping, in force only with ``delta.columnMapping.mode`` set

@@ -41,6 +41,8 @@ class Case:
     after: tuple[str, ...] = ()  # SQL run after CREATE ({t} is the table)
     #: the stream's extra columns, as SQL expressions on id (the table's extra columns)
     select: tuple[str, ...] = ()
+    #: rows delta-spark leaves in the table before twophase appends (its ``after`` statements)
+    seeded: tuple[tuple, ...] = ()
 
 
 def create(spark, path: str, case: Case) -> None:
@@ -119,6 +121,11 @@ WRITTEN = [
     Case("generatedColumns", columns="twice BIGINT GENERATED ALWAYS AS (id * 2)", select=("id * 2 AS twice",)),
     Case("timestampNtz", columns="ntz TIMESTAMP_NTZ",
          select=("timestamp_ntz'2024-03-10 02:30:00.654321' + make_dt_interval(0, 0, 0, id) AS ntz",)),
+    # delta-spark deletes a row of its own file with a deletion vector before twophase appends: it stays deleted
+    Case("deletionVectors", properties={"delta.enableDeletionVectors": "true"},
+         after=("INSERT INTO {t} VALUES (1000, 'g1', 'row-1000'), (1001, 'g2', 'row-1001'), (1002, 'g0', 'row-1002')",
+                "DELETE FROM {t} WHERE id = 1001"),
+         seeded=((1000, "g1", "row-1000"), (1002, "g0", "row-1002"))),
 ]
 
 
@@ -129,13 +136,18 @@ def test_feature_written_correctly(spark, tmp_path, case):
     create(spark, table, replace(case, properties={**case.properties, "delta.checkpointInterval": "2"}))
     before = detail(spark, table)
     assert case.name in before["tableFeatures"] or before["minWriterVersion"] < 7, before
+    history = sorted(spark.sql(f"DESCRIBE HISTORY delta.`{table}`").collect(), key=lambda r: r["version"])
+    created = history[-1]["version"]
+    if case.name == "deletionVectors":
+        assert int(history[-1]["operationMetrics"]["numDeletionVectorsAdded"]) == 1, history[-1]
     ids = make_input(inp, 3, 20)
     stream(spark, inp, table, ck, "format", case.select)
-    assert delta_rows(spark, table) == expected_rows(ids, case.select, spark)
+    assert delta_rows(spark, table) == sorted(expected_rows(ids, case.select, spark) + list(case.seeded))
     assert detail(spark, table) == before, "twophase-delta changed the table's protocol, features or properties"
     history = sorted(spark.sql(f"DESCRIBE HISTORY delta.`{table}`").collect(), key=lambda r: r["version"])
-    assert [r["operation"] for r in history if r["operation"] == "WRITE"] == ["WRITE"] * 3, "one commit per batch"
-    assert any(n.endswith(".checkpoint.parquet") for n in snapshot(table)[1]), "delta-rs wrote no checkpoint"
+    assert [r["operation"] for r in history if r["version"] > created] == ["WRITE"] * 3, "one commit per batch"
+    assert any(n.endswith(".checkpoint.parquet") and int(n.split(".")[0]) > created for n in snapshot(table)[1]), \
+        "delta-rs wrote no checkpoint after twophase's commits"
     if case.name == "changeDataFeed":  # every appended row is an insert in Delta's change feed
         changes = (spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", 0)
                    .load(table).select("id", "_change_type").collect())
@@ -179,8 +191,6 @@ class Refused:
 
 
 REFUSED = [
-    Refused(Case("deletionVectors", properties={"delta.enableDeletionVectors": "true"}),
-            ("deletionVectors",), "'delta.enableDeletionVectors'='false'"),
     Refused(Case("columnMapping-name", properties={"delta.columnMapping.mode": "name"}),
             ("columnMapping",), "'delta.columnMapping.mode'='none'", "native"),
     Refused(Case("columnMapping-id", properties={"delta.columnMapping.mode": "id"}),
