@@ -63,11 +63,69 @@ SPARK_SOURCES = {
     "spark": ("Spark's kafka source (JVM, spark-sql-kafka-0-10)", "kafka",
               {"kafka.isolation.level": "read_committed"}),
     "twophase": ("twophase-kafka source (librdkafka reader, Python)", "twophase-kafka", {}),
+    "arrow": ("a Python source yielding ready Arrow batches of the same rows (Spark <- Python alone, ceiling)",
+              "bench-kafka-arrow", {}),
 }
 
 
+def register_arrow_ceiling(spark: Any) -> None:
+    """Register ``bench-kafka-arrow``: a Python streaming source with the Kafka source's schema whose reader
+    yields one ready Arrow batch of 10,000 such records (~100-byte values) over and over, no Kafka, no
+    per-record Python: what handing the source's rows from Python to Spark costs alone.
+    ``maxOffsetsPerTrigger`` records per micro-batch over ``minPartitions`` (default 2) tasks."""
+    from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+    from twophase.sources._kafka_source_options import SPARK_SCHEMA_DDL, arrow_schema
+
+    class Range(InputPartition):
+        def __init__(self, lo: int, hi: int) -> None:
+            self.lo, self.hi = lo, hi
+
+    class Reader(DataSourceStreamReader):
+        def __init__(self, rows: int, parts: int) -> None:
+            self.rows, self.parts = rows, parts
+
+        def initialOffset(self) -> dict:
+            return {"n": 0}
+
+        def latestOffset(self, start: dict = None, limit: Any = None) -> dict:  # type: ignore[override]
+            return {"n": (start or {"n": 0})["n"] + self.rows}
+
+        def partitions(self, start: dict, end: dict) -> list:
+            lo, hi = start["n"], end["n"]
+            step = -(-(hi - lo) // self.parts)
+            return [Range(a, min(hi, a + step)) for a in range(lo, hi, step)]
+
+        def read(self, partition: Any) -> Any:
+            import pyarrow as pa
+            n = 10_000
+            batch = pa.RecordBatch.from_pydict(
+                {"key": [str(i).encode() for i in range(n)], "value": [b"%d:%s" % (i, b"x" * 90) for i in range(n)],
+                 "topic": ["t"] * n, "partition": [0] * n, "offset": list(range(n)), "timestamp": [0] * n,
+                 "timestampType": [0] * n}, schema=arrow_schema(False))
+            left = partition.hi - partition.lo
+            while left > 0:
+                yield batch if left >= n else batch.slice(0, left)
+                left -= n
+
+        def commit(self, end: dict) -> None:
+            pass
+
+    class Source(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "bench-kafka-arrow"
+
+        def schema(self) -> str:
+            return SPARK_SCHEMA_DDL
+
+        def streamReader(self, schema: Any) -> Any:
+            return Reader(int(self.options["maxOffsetsPerTrigger"]), int(self.options.get("minPartitions", 2)))
+
+    spark.dataSource.register(Source)
+
+
 def run_spark_source(spark: Any, bootstrap: str, topic: str, mode: str, rows: int, batches: int, tmp: str,
-                     timeout: float = 900) -> dict:
+                     timeout: float = 900, partitions: int = 2) -> dict:
     """One streaming query of source ``mode`` over ``topic`` from the earliest offsets, ``rows`` offsets per
     micro-batch, into Spark's ``noop`` sink; batches 1..``batches``-1 timed from the progress events."""
     from integration.kafka.broker import unique
@@ -76,6 +134,8 @@ def run_spark_source(spark: Any, bootstrap: str, topic: str, mode: str, rows: in
          .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", rows))
     for k, v in extra.items():
         r = r.option(k, v)
+    if mode == "arrow":  # as many tasks as the topic has partitions
+        r = r.option("minPartitions", partitions)
     q = (r.load().writeStream.format("noop").option("checkpointLocation", os.path.join(tmp, unique(f"ck-src-{mode}")))
          .trigger(processingTime="0 seconds").start())
     try:
@@ -107,6 +167,7 @@ def spark_source_comparison(spark: Any, bootstrap: str, rows: int, batches: int,
     """Both sources over one topic of ``rows * batches`` records, alternating which goes first each round;
     the runs of a mode are pooled (records / seconds over all their measured batches)."""
     from integration.kafka.broker import create_topic, unique
+    register_arrow_ceiling(spark)
     topic = create_topic(bootstrap, unique("bench-src"), partitions)
     fill(bootstrap, topic, rows * batches, partitions)
     check_topic(bootstrap, topic, rows * batches, 1, True, "the source benchmark's topic")  # every record once
@@ -114,7 +175,8 @@ def spark_source_comparison(spark: Any, bootstrap: str, rows: int, batches: int,
     order = list(SPARK_SOURCES)
     for r in range(rounds):
         for m in (order if r % 2 == 0 else order[::-1]):
-            runs[m].append(run_spark_source(spark, bootstrap, topic, m, rows, batches, tmp))
+            runs[m].append(run_spark_source(spark, bootstrap, topic, m, rows, batches, tmp,
+                                            partitions=partitions))
             print(f"# source {runs[m][-1]}", file=sys.stderr, flush=True)
     res = {}
     for m, rs in runs.items():
@@ -134,7 +196,8 @@ def print_source_table(res: dict[str, dict], rows: int, batches: int, partitions
     for m in SPARK_SOURCES:
         r = res[m]
         print(f"| {r['label']} | {r['rate']:,.0f} | {r['batch_s']:.2f} | {r['rate'] / base:.2f} |")
-    print(f"\ntwophase source / Spark's source = {res['twophase']['rate'] / base:.2f} (goal >= 0.8)")
+    print(f"\ntwophase source / Spark's source = {res['twophase']['rate'] / base:.2f} (goal >= 0.8); "
+          f"twophase source / the Python ceiling = {res['twophase']['rate'] / res['arrow']['rate']:.2f}")
     for m in SPARK_SOURCES:
         print(f"{res[m]['label']}: batch seconds {res[m]['per_batch']}")
 
