@@ -264,18 +264,37 @@ class TxnClient:
         raise TransientSinkError(f"twophase-kafka: fencing transactional id {transactional_id!r} failed: "
                                  f"{error.__name__}")
 
+    #: pause before the last ask about an id a coordinator called unknown twice (issue 22: a broker resumed after a
+    #: pause may answer for a __transaction_state partition it no longer leads until its metadata catches up)
+    UNKNOWN_RECHECK_PAUSE_S = 0.3
+
     def describe(self, transactional_ids: Iterable[str]) -> Optional[dict[str, Optional[TxnState]]]:
         """``{id: TxnState or None (unknown to the coordinator)}``; None if the broker cannot describe.
 
         Retriable coordinator errors are retried for ``retry_deadline_s``, then TransientSinkError.
+
+        "Unknown" (TRANSACTIONAL_ID_NOT_FOUND) is trusted only when confirmed (issue 22): a broker resumed after
+        a pause (SIGSTOP, a long GC) may still believe it leads the id's ``__transaction_state`` partition and
+        call unknown an id whose transaction another broker, the coordinator meanwhile, holds open; the
+        attempt-slot probe (invariant 4) would take that id as free and its InitProducerId abort the open
+        transaction. So after a first "unknown" the coordinator is forgotten and looked up afresh, and the id
+        asked again: "unknown" from a different, freshly named coordinator is trusted; from the same node again,
+        it is asked a third time after :attr:`UNKNOWN_RECHECK_PAUSE_S` and a further fresh lookup, whose answer
+        stands. Known ids cost nothing more; unknown ids (a query's first two checkpoints, a batch write's run)
+        cost those extra round trips.
         """
         ids = list(transactional_ids)
         if not ids:
             return {}
         deadline = time.monotonic() + self.retry_deadline_s
+        out: dict[str, Optional[TxnState]] = {}
+        doubted: dict[str, list[int]] = {}   # id -> the nodes that called it unknown, in order
+        pending = list(ids)
         while True:
+            asking = list(pending)
+
             async def go() -> dict[str, Any]:
-                coords = await self.admin._find_coordinator_ids(ids, key_type=CoordinatorType.TRANSACTION)
+                coords = await self.admin._find_coordinator_ids(asking, key_type=CoordinatorType.TRANSACTION)
                 by_node: dict[int, list[str]] = {}
                 for tid, node in coords.items():
                     by_node.setdefault(node, []).append(tid)
@@ -284,7 +303,9 @@ class TxnClient:
                     response = await self.admin._manager.send(
                         DescribeTransactionsRequest(transactional_ids=tids), node_id=node)
                     for row in response.transaction_states:
-                        rows[row.transactional_id] = row
+                        rows[row.transactional_id] = (node, row)
+                for tid, node in coords.items():
+                    rows.setdefault(tid, (node, None))
                 return rows
             try:
                 rows = self.admin._manager.run(go)
@@ -296,33 +317,46 @@ class TxnClient:
                 if time.monotonic() > deadline:
                     raise TransientSinkError(f"twophase-kafka: DescribeTransactions still failing with "
                                              f"{type(e).__name__} after {self.retry_deadline_s}s") from e
-                for tid in ids:
+                for tid in asking:
                     self._forget_coordinator(tid)
                 time.sleep(0.1)
                 continue
-            out: dict[str, Optional[TxnState]] = {}
-            retry = False
-            for tid in ids:
-                row = rows.get(tid)
+            retry = pause = False
+            for tid in asking:
+                node, row = rows.get(tid, (None, None))
                 error = Errors.for_code(row.error_code) if row is not None else Errors.TransactionalIdNotFoundError
                 if error is Errors.NoError:
                     parts = tuple(sorted((str(t.topic), int(p)) for t in (getattr(row, "topics", None) or ())
                                          for p in (t.partitions or ())))
                     out[tid] = TxnState(str(row.transaction_state), int(row.producer_id), int(row.producer_epoch),
                                         int(row.transaction_start_time_ms), parts)
+                    if tid in doubted:
+                        _log.warning("describe_unknown_not_confirmed", transactional_id=tid, unknown_at=doubted[tid],
+                                     known_at=node, state=out[tid].state,
+                                     consequence="a stale coordinator's answer was not trusted")
                 elif error is Errors.TransactionalIdNotFoundError:
-                    out[tid] = None
+                    seen = doubted.setdefault(tid, [])
+                    seen.append(node)
+                    if len(seen) >= 3 or (len(seen) == 2 and seen[0] != seen[1]):
+                        out[tid] = None      # confirmed by a freshly looked-up coordinator (issue 22)
+                    else:
+                        self._forget_coordinator(tid)
+                        retry = True
+                        pause = pause or len(seen) == 2
                 elif error in _RETRIABLE:
                     self._forget_coordinator(tid)
-                    retry = True
+                    retry = pause = True
                 else:
                     raise TransientSinkError(f"twophase-kafka: DescribeTransactions({tid!r}) failed: {error.__name__}")
-            if not retry:
-                return out
+            pending = [t for t in ids if t not in out]
+            if not pending:
+                return {t: out[t] for t in ids}
             if time.monotonic() > deadline:
                 raise TransientSinkError(f"twophase-kafka: DescribeTransactions still retrying after "
                                          f"{self.retry_deadline_s}s")
-            time.sleep(0.1)
+            if pause:
+                time.sleep(self.UNKNOWN_RECHECK_PAUSE_S if any(len(doubted.get(t, ())) == 2 for t in pending)
+                           else 0.1)
 
     def accepts_timeout(self, transactional_id: str, timeout_ms: int) -> bool:
         """Whether the broker takes ``timeout_ms`` as a transaction timeout (InitProducerId on
