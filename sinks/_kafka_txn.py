@@ -200,6 +200,31 @@ class TxnClient:
     async def _coordinator(self, transactional_id: str) -> int:
         return await self.admin._find_coordinator_id(transactional_id, CoordinatorType.TRANSACTION)
 
+    async def _find_coordinator_elsewhere(self, transactional_id: str, avoid: Any) -> None:
+        """FindCoordinator for ``transactional_id`` asked of a broker other than ``avoid`` (cached as the id's
+        coordinator): a broker resumed after a pause may name itself as the coordinator of a partition it no longer
+        leads (issue 22). Without another broker in the metadata, or if that broker fails, the cache is left as it
+        is (the next lookup asks any broker)."""
+        from kafka.protocol.metadata import FindCoordinatorRequest
+        manager = self.admin._manager
+        others = sorted(b.node_id for b in manager.cluster.brokers() if b.node_id != avoid)
+        if not others:
+            return
+        if manager.broker_version_data.api_version(FindCoordinatorRequest) >= 4:
+            request = FindCoordinatorRequest(key_type=CoordinatorType.TRANSACTION.value,
+                                             coordinator_keys=[transactional_id], min_version=4)
+        else:
+            request = FindCoordinatorRequest(key=transactional_id, key_type=CoordinatorType.TRANSACTION.value,
+                                             max_version=3)
+        try:
+            response = await manager.send(request, node_id=others[0])
+            row = response.coordinators[0] if hasattr(response, "coordinators") else response
+            manager.cluster.add_coordinator(row, CoordinatorType.TRANSACTION, transactional_id,
+                                            synthesize_node_id=False)
+        except (Errors.KafkaError, OSError) as e:
+            _log.info("find_coordinator_elsewhere_failed", transactional_id=transactional_id, node=others[0],
+                      error=type(e).__name__)
+
     def _forget_coordinator(self, transactional_id: str) -> None:
         coords = getattr(self.admin._manager.cluster, "_coordinators", None)
         if isinstance(coords, dict):
@@ -279,8 +304,8 @@ class TxnClient:
         attempt-slot probe (invariant 4) would take that id as free and its InitProducerId abort the open
         transaction. So after a first "unknown" the coordinator is forgotten and looked up afresh, and the id
         asked again: "unknown" from a different, freshly named coordinator is trusted; from the same node again,
-        it is asked a third time after :attr:`UNKNOWN_RECHECK_PAUSE_S` and a further fresh lookup, whose answer
-        stands. Known ids cost nothing more; unknown ids (a query's first two checkpoints, a batch write's run)
+        it is asked a third time after :attr:`UNKNOWN_RECHECK_PAUSE_S`, the coordinator looked up through another
+        broker (:meth:`_find_coordinator_elsewhere`: a stale broker names itself), and that answer stands. Known ids cost nothing more; unknown ids (a query's first two checkpoints, a batch write's run)
         cost those extra round trips.
         """
         ids = list(transactional_ids)
@@ -292,8 +317,12 @@ class TxnClient:
         pending = list(ids)
         while True:
             asking = list(pending)
+            # called unknown twice by one node: the third lookup asks another broker (that node may name itself)
+            elsewhere = {t: doubted[t][0] for t in asking if len(doubted.get(t, ())) == 2}
 
             async def go() -> dict[str, Any]:
+                for tid, avoid in elsewhere.items():
+                    await self._find_coordinator_elsewhere(tid, avoid)
                 coords = await self.admin._find_coordinator_ids(asking, key_type=CoordinatorType.TRANSACTION)
                 by_node: dict[int, list[str]] = {}
                 for tid, node in coords.items():
