@@ -1,21 +1,43 @@
 """Delta's own writers on a table twophase-delta appends to (issue 24, the neighbour; delta-spark 4.4 in
-``.venv-delta``, see conftest.py): delta-spark runs OPTIMIZE and DELETE while a twophase-delta query appends.
+``.venv-delta``, see conftest.py): delta-spark runs OPTIMIZE (and ZORDER), DELETE, UPDATE, MERGE and VACUUM,
+and a delta-spark streaming query appends, while a twophase-delta query appends to the same table.
 
-Checked: the query never fails (delta-rs retries its blind append over Delta's commits), a DELETE that meets a
-concurrent append is retried (Delta's ConcurrentAppendException, named), every row not deleted is in the table
-exactly once, a deleted row is one that a version before the DELETE held (time travel tells which), every
-version reads, and the history has one WRITE per twophase batch beside Delta's OPTIMIZE and DELETE commits.
+Checked: the twophase query never fails (delta-rs retries its blind append over Delta's commits) except where
+it must, loudly; a Delta command that meets a concurrent append is retried (Delta names the conflict,
+ConcurrentAppendException and the like); each twophase batch is ONE commit of the table, carrying its app
+transaction ``(sink id, batch id)``, and adds exactly that batch's rows (duplicates and missing counted per
+batch, by the rows' ids, from the Delta log's ``txn`` actions); rows a DML changed or inserted are accounted
+for; every version reads (time travel), except versions whose files VACUUM removed on purpose.
+
+The races are real, one order made deterministic with a gate: a file whose presence makes one of the two tasks
+of a twophase batch wait in Spark's Python worker. So an UPDATE, a MERGE and a batch of Delta's own stream
+commit while a twophase batch is between its first task's pre-commit and its Delta commit. An UPDATE/MERGE
+started while a batch is pre-committed races the batch's commit (it meets the append: Delta retries it, naming
+ConcurrentAppendException, or commits it by its own rules; the run prints which).
+
+VACUUM: with retention respected it never deletes what a twophase batch wrote; ``RETAIN 0 HOURS`` (Delta's
+retention check off) between a batch's pre-commit and its commit deletes the batch's files, which no Delta
+version references yet: the commit finds them gone and the batch fails naming itself (DataLossError, never a
+table referencing deleted files); ``twophase log resolve --accept-loss`` records the loss and the query goes on.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import threading
 import time
+import urllib.parse
+from collections import Counter
 
 import pytest
 
 from integration.fileio import INPUT_SCHEMA, check_exactly_once, make_input
 
 pytestmark = [pytest.mark.spark]
+
+SINK_ID = "neighbour"
+ROWS = 40  # rows per input file = per twophase batch (maxFilesPerTrigger 1)
 
 
 def _ids(spark, table: str, **options) -> list[int]:
@@ -25,9 +47,17 @@ def _ids(spark, table: str, **options) -> list[int]:
     return [row["id"] for row in r.load(table).select("id").collect()]
 
 
-def _retrying(spark, sql: str, deadline: float) -> None:
+def _rows(spark, table: str) -> dict[int, str]:
+    return {r["id"]: r["payload"] for r in spark.read.format("delta").load(table).select("id", "payload").collect()}
+
+
+def _history(spark, table: str) -> list:
+    return sorted(spark.sql(f"DESCRIBE HISTORY delta.`{table}`").collect(), key=lambda r: r["version"])
+
+
+def _retrying(spark, sql: str, deadline: float, conflicts: list[str] | None = None) -> None:
     """Run a Delta command; a conflict with twophase's concurrent append (ConcurrentAppendException and the like,
-    which Delta names) is retried, as a user's job would."""
+    which Delta names) is retried, as a user's job would. Each conflict's name is appended to ``conflicts``."""
     while True:
         try:
             spark.sql(sql).collect()
@@ -35,39 +65,470 @@ def _retrying(spark, sql: str, deadline: float) -> None:
         except Exception as e:  # noqa: BLE001 - Delta's conflict exceptions come through py4j
             if "Concurrent" not in str(e) or time.monotonic() > deadline:
                 raise
+            if conflicts is not None:
+                conflicts.append(next((w for w in str(e).replace(":", " ").split() if "Concurrent" in w), "Concurrent"))
 
 
-def test_neighbour_optimize_and_delete_while_twophase_appends(spark, tmp_path):
+def _txns(table: str, app_id: str) -> dict[int, int]:
+    """``{table version: txn version}`` of every commit carrying an app transaction of ``app_id`` (the Delta
+    log's JSON entries, which delta-spark keeps for 30 days whatever its checkpoints)."""
+    log = os.path.join(table, "_delta_log")
+    out: dict[int, int] = {}
+    for name in sorted(os.listdir(log)):
+        if not (name.endswith(".json") and name[:-5].isdigit()):
+            continue
+        with open(os.path.join(log, name)) as f:
+            for line in f:
+                action = json.loads(line)
+                if "txn" in action and action["txn"]["appId"] == app_id:
+                    assert int(name[:-5]) not in out, f"version {name} has two txn actions of {app_id}"
+                    out[int(name[:-5])] = int(action["txn"]["version"])
+    return out
+
+
+def check_batches(spark, table: str, batches: list[list[int]], *, app_id: str = SINK_ID,
+                  versions: dict[int, list[int]] | None = None) -> dict[int, list[int]]:
+    """Each twophase batch is ONE commit of the table with its app transaction ``(app_id, batch id)``, batch ids
+    0.. each once, and that commit adds exactly one input batch's rows and removes nothing (counted by id:
+    duplicates and missing per batch); every input batch is some commit's. Returns the ids of every version
+    read (``versions``, a cache)."""
+    versions = {} if versions is None else versions
+
+    def at(v: int) -> list[int]:
+        if v not in versions:
+            versions[v] = _ids(spark, table, versionAsOf=v) if v >= 0 else []
+        return versions[v]
+
+    txns = _txns(table, app_id)
+    assert sorted(txns.values()) == list(range(len(batches))), f"twophase batches in the log: {sorted(txns.values())}"
+    by_first = {min(b): b for b in batches}
+    matched: Counter[int] = Counter()
+    for v, batch_id in sorted(txns.items()):
+        added = Counter(at(v)) - Counter(at(v - 1))
+        removed = Counter(at(v - 1)) - Counter(at(v))
+        assert not removed, f"twophase batch {batch_id} (version {v}) removed rows {sorted(removed)[:10]}"
+        first = min(added) if added else None
+        assert first in by_first, f"twophase batch {batch_id} (version {v}) added no input batch: {sorted(added)[:10]}"
+        report = check_exactly_once(by_first[first], list(added.elements()))
+        assert report.ok, f"twophase batch {batch_id} (version {v}): {report.line()}"
+        matched[first] += 1
+    assert all(matched[f] == 1 for f in by_first), f"input batches not committed once: {dict(matched)}"
+    return versions
+
+
+def every_version_reads(spark, table: str, versions: dict[int, list[int]], from_version: int = 0) -> list:
+    """Time travel to every version from ``from_version``: it reads, and no row is there twice."""
+    history = _history(spark, table)
+    for r in history:
+        if r["version"] < from_version:
+            continue
+        if r["version"] not in versions:
+            versions[r["version"]] = _ids(spark, table, versionAsOf=r["version"])
+        got = versions[r["version"]]
+        assert len(got) == len(set(got)), f"version {r['version']} ({r['operation']}) has a row twice"
+    return history
+
+
+# --------------------------------------------------------------------------- gates
+
+
+def gate_functions(folder: str):
+    """``gated``: ``gated(name)`` is a mapInArrow function that Spark ships to its Python workers (a closure, so
+    it is pickled by value: this test module is not importable there). While the file ``<folder>/gate-<name>``
+    exists, the task holding a batch's first row (id % ROWS == 0) waits, so one task of a twophase batch has
+    pre-committed while the other has not. It writes ``gate-<name>.entered`` when it starts waiting. A gate opens by itself after 120 s."""
+
+    def wait(name: str) -> None:
+        gate = os.path.join(folder, f"gate-{name}")
+        if not os.path.exists(gate):
+            return
+        open(gate + ".entered", "a").close()
+        deadline = time.monotonic() + 120
+        while os.path.exists(gate) and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    def gated(name: str):
+        def fn(batches):
+            for b in batches:
+                if any(i % ROWS == 0 for i in b.column("id").to_pylist()):
+                    wait(name)
+                yield b
+        return fn
+
+    return gated
+
+
+class Gate:
+    """The test's side of a gate (see :func:`gate_functions`)."""
+
+    def __init__(self, folder: str, name: str) -> None:
+        self.path = os.path.join(folder, f"gate-{name}")
+
+    def close(self) -> None:
+        if os.path.exists(self.path + ".entered"):  # a late waiter of the previous round
+            os.remove(self.path + ".entered")
+        open(self.path, "w").close()
+
+    def open(self) -> None:
+        if os.path.exists(self.path):
+            os.remove(self.path)
+
+    def wait_entered(self, timeout: float = 90) -> None:
+        deadline = time.monotonic() + timeout
+        while not os.path.exists(self.path + ".entered"):
+            assert time.monotonic() < deadline, f"nothing reached {self.path}"
+            time.sleep(0.02)
+        os.remove(self.path + ".entered")
+
+
+def wait_one_task_of_two_done(spark, q, timeout: float = 90) -> None:
+    """Until a running stage of two tasks (a twophase batch's write) has one task done: that task has
+    pre-committed (its files are written and synced, its ack returned); the other waits at a gate."""
+    tracker = spark.sparkContext.statusTracker()
+    deadline = time.monotonic() + timeout
+    while True:
+        for sid in tracker.getActiveStageIds():
+            info = tracker.getStageInfo(sid)
+            if info is not None and info.numTasks == 2 and info.numCompletedTasks >= 1:
+                return
+        assert q.exception() is None, q.exception()
+        assert time.monotonic() < deadline, "no twophase batch with one of its two tasks pre-committed"
+        time.sleep(0.05)
+
+
+def wait_batch_committed(table: str, batch_id: int, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while batch_id not in _txns(table, SINK_ID).values():
+        assert time.monotonic() < deadline, f"twophase batch {batch_id} was not committed"
+        time.sleep(0.05)
+
+
+def start_twophase(spark, inp: str, table: str, ck: str, gated=None):
+    """The twophase-delta query: one input file per batch, two tasks per batch (each writes its own files; ONE
+    Delta commit for both), partitioned by grp."""
+    df = spark.readStream.schema(INPUT_SCHEMA).option("maxFilesPerTrigger", 1).json(inp)
+    if gated is not None:
+        df = df.repartition(2).mapInArrow(gated, INPUT_SCHEMA)
+    return (df.writeStream.format("twophase-delta").option("path", table).option("checkpointLocation", ck)
+            .option("partitionBy", "grp").option("sink.id", SINK_ID)
+            .trigger(processingTime="100 milliseconds").start())
+
+
+def _values(ids: list[int], payload) -> str:
+    return ", ".join(f"({i}L, 'g{i % 3}', '{payload(i)}')" for i in ids)
+
+
+def _merge(table: str, matched: list[int], new: list[int], set_payload: str) -> str:
+    """MERGE source rows into the table: ``matched`` ids (twophase's rows) get the source payload 'm<...>'
+    through ``set_payload`` (an SQL expression of ``s.payload``), ``new`` ids are inserted with 'ins-<id>'."""
+    rows = _values(matched, lambda i: "merged") + ", " + _values(new, lambda i: f"ins-{i}")
+    return (f"MERGE INTO delta.`{table}` t USING (SELECT * FROM VALUES {rows} AS s(id, grp, payload)) s "
+            f"ON t.id = s.id WHEN MATCHED THEN UPDATE SET payload = {set_payload} "
+            "WHEN NOT MATCHED THEN INSERT *")
+
+
+# --------------------------------------------------------------------------- tests
+
+
+def test_neighbour_optimize_zorder_and_delete_while_twophase_appends(spark, tmp_path):
     inp, table, ck = str(tmp_path / "in"), str(tmp_path / "table"), str(tmp_path / "ck")
-    ids = make_input(inp, 1, 40)
-    q = (spark.readStream.schema(INPUT_SCHEMA).option("maxFilesPerTrigger", 1).json(inp)
-         .writeStream.format("twophase-delta").option("path", table).option("checkpointLocation", ck)
-         .option("partitionBy", "grp").trigger(processingTime="100 milliseconds").start())
+    batches = [make_input(inp, 1, ROWS)]
+    q = start_twophase(spark, inp, table, ck)
     deadline = time.monotonic() + 180
+    t = f"delta.`{table}`"
     try:
         q.processAllAvailable()
-        for k in range(1, 5):
-            ids += make_input(inp, 1, 40, start=40 * k)
-            if k % 2:
-                _retrying(spark, f"OPTIMIZE delta.`{table}`", deadline)
-            else:
-                _retrying(spark, f"DELETE FROM delta.`{table}` WHERE id % 7 = 0", deadline)
+        for k, sql in enumerate([f"OPTIMIZE {t}", f"DELETE FROM {t} WHERE id % 7 = 0", f"OPTIMIZE {t} ZORDER BY (id)",
+                                 f"DELETE FROM {t} WHERE id % 7 = 0"], start=1):
+            batches.append(make_input(inp, 1, ROWS, start=ROWS * k))  # the query picks it up within 100 ms
+            _retrying(spark, sql, deadline)
             assert q.exception() is None, q.exception()
         q.processAllAvailable()
         assert q.exception() is None, q.exception()
     finally:
         q.stop()
-    history = sorted(spark.sql(f"DESCRIBE HISTORY delta.`{table}`").collect(), key=lambda r: r["version"])
+    versions = check_batches(spark, table, batches)
+    history = every_version_reads(spark, table, versions)
     ops = [r["operation"] for r in history]
     assert ops.count("WRITE") == 5 and ops.count("DELETE") == 2 and ops.count("OPTIMIZE") == 2, ops
+    assert any("id" in (r["operationParameters"] or {}).get("zOrderBy", "") for r in history), "no ZORDER commit"
     deleted: set[int] = set()
-    for r in history:  # every version reads; a DELETE removes exactly the id % 7 == 0 rows its parent held
-        at = _ids(spark, table, versionAsOf=r["version"])
-        assert len(at) == len(set(at)), f"version {r['version']} ({r['operation']}) has a row twice"
+    for r in history:  # a DELETE removes exactly the id % 7 == 0 rows its parent held
         if r["operation"] == "DELETE":
-            before = _ids(spark, table, versionAsOf=r["version"] - 1)
-            deleted |= {i for i in before if i % 7 == 0}
-            assert not any(i % 7 == 0 for i in at)
+            deleted |= {i for i in versions[r["version"] - 1] if i % 7 == 0}
+            assert not any(i % 7 == 0 for i in versions[r["version"]])
     assert deleted, "no DELETE removed a row: the test did not test"
-    report = check_exactly_once([i for i in ids if i not in deleted], _ids(spark, table))
+    report = check_exactly_once([i for b in batches for i in b if i not in deleted], _ids(spark, table))
     assert report.ok, report.line()
+
+
+def test_neighbour_update_and_merge_race_twophase_batches(spark, tmp_path):
+    """UPDATE and MERGE (delta-spark) on rows twophase wrote, in both orders of a real race:
+
+    1. batch 1's first task has pre-committed (its files are written, not in the log), its second waits at a
+       gate: an UPDATE and a MERGE commit; then batch 1 commits over them;
+    2. an UPDATE (then a MERGE) starts while batch 2 (then 3) is pre-committed, and the batch's last task is let
+       go: the DML and the batch's commit race (a DML that meets the append is retried, Delta naming the
+       conflict, or committed by Delta's rules).
+    """
+    folder = str(tmp_path)
+    inp, table, ck = str(tmp_path / "in"), str(tmp_path / "table"), str(tmp_path / "ck")
+    gated = gate_functions(folder)
+    batch_gate = Gate(folder, "batch")
+    t = f"delta.`{table}`"
+    batches = [make_input(inp, 1, ROWS)]
+    q = start_twophase(spark, inp, table, ck, gated("batch"))
+    deadline = time.monotonic() + 240
+    conflicts: list[str] = []
+    failed: list[BaseException] = []
+    try:
+        q.processAllAvailable()
+        # 1. DML between batch 1's pre-commit and its commit
+        batch_gate.close()
+        batches.append(make_input(inp, 1, ROWS, start=ROWS))
+        batch_gate.wait_entered()
+        wait_one_task_of_two_done(spark, q)
+        _retrying(spark, f"UPDATE {t} SET payload = 'u1' WHERE id < 20", deadline, conflicts)
+        _retrying(spark, _merge(table, list(range(20, 30)), list(range(900000, 900005)), "'m1'"), deadline, conflicts)
+        assert 1 not in _txns(table, SINK_ID).values(), "batch 1 committed through its gate"
+        batch_gate.open()
+        wait_batch_committed(table, 1)
+        # 2. an UPDATE, then a MERGE, starts while batch 2 (then 3) is pre-committed; the batch's last task is
+        # let go half a second later: the DML's scan and rewrite race the batch's commit (either may land first;
+        # a DML that meets the append is retried by Delta's rules, named in ``conflicts``)
+        mid = {2: f"UPDATE {t} SET payload = 'u2' WHERE id >= 40 AND id < 60",
+               3: _merge(table, list(range(60, 70)), list(range(900010, 900015)), "'m2'")}
+        for b, sql in mid.items():
+            batch_gate.close()
+            batches.append(make_input(inp, 1, ROWS, start=ROWS * b))
+            batch_gate.wait_entered()
+            wait_one_task_of_two_done(spark, q)
+
+            def run(sql: str = sql) -> None:
+                try:
+                    _retrying(spark, sql, deadline, conflicts)
+                except BaseException as e:  # noqa: BLE001 - reported by the test thread
+                    failed.append(e)
+            runner = threading.Thread(target=run, daemon=True)
+            runner.start()
+            time.sleep(0.5)
+            batch_gate.open()
+            wait_batch_committed(table, b)
+            runner.join(180)
+            assert not runner.is_alive() and not failed, failed
+        q.processAllAvailable()
+        assert q.exception() is None, q.exception()
+    finally:
+        batch_gate.open()
+        q.stop()
+    print("Delta conflicts retried:", conflicts)
+    versions = check_batches(spark, table, batches)
+    history = every_version_reads(spark, table, versions)
+    ops = [r["operation"] for r in history]
+    assert ops.count("WRITE") == 4 and ops.count("UPDATE") == 2 and ops.count("MERGE") == 2, ops
+    txns = _txns(table, SINK_ID)
+    assert {r["version"] for r in history if r["operation"] == "WRITE"} == set(txns), "a WRITE without its txn"
+    at = {b: v for v, b in txns.items()}
+    dml = [r["version"] for r in history if r["operation"] in ("UPDATE", "MERGE")]
+    # the first UPDATE and MERGE landed between batch 1's pre-commit and its commit
+    assert at[0] < dml[0] < dml[1] < at[1], (at, dml)
+    print("twophase batches at versions", at, "UPDATE/MERGE at", dml)
+    inserted = list(range(900000, 900005)) + list(range(900010, 900015))
+    rows = _rows(spark, table)
+    report = check_exactly_once([i for b in batches for i in b] + inserted, _ids(spark, table))
+    assert report.ok, report.line()
+
+    def want(i: int) -> str:
+        if i >= 900000:
+            return f"ins-{i}"
+        return "u1" if i < 20 else "m1" if i < 30 else "u2" if 40 <= i < 60 else "m2" if 60 <= i < 70 else f"row-{i}"
+    wrong = {i: p for i, p in rows.items() if p != want(i)}
+    assert not wrong, f"rows whose payload the DML did not set as it should: {dict(list(wrong.items())[:10])}"
+
+
+def _error_text(q) -> str:
+    """The query's exception with every cause's message (the Python sink's error is a cause of Spark's
+    'Writing job failed')."""
+    j = q._jsq.exception()
+    if j.isEmpty():
+        return ""
+    e, parts = j.get(), []
+    while e is not None and len(parts) < 20:
+        parts.append(str(e.getMessage()))
+        e = e.getCause()
+    return "\n".join(parts)
+
+
+def _terminated(q, timeout: float = 120) -> bool:
+    """Whether the query stopped within ``timeout`` (with its exception, if any, in ``q.exception()``)."""
+    try:
+        return bool(q.awaitTermination(timeout))
+    except Exception:  # noqa: BLE001 - StreamingQueryException: the query failed, which is what is waited for
+        return True
+
+
+def _untracked(spark, table: str) -> set[str]:
+    """Data files on disk that the table's newest version does not reference (relative paths)."""
+    referenced = {os.path.normpath(urllib.parse.unquote(urllib.parse.urlparse(r["p"]).path))
+                  for r in spark.read.format("delta").load(table).selectExpr("_metadata.file_path AS p")
+                  .distinct().collect()}
+    on_disk = set()
+    for root, dirs, files in os.walk(table):
+        dirs[:] = [d for d in dirs if not d.startswith(("_", "."))]
+        on_disk |= {os.path.normpath(os.path.join(root, f)) for f in files if f.endswith(".parquet")}
+    return {os.path.relpath(p, table) for p in on_disk - referenced}
+
+
+def test_neighbour_vacuum_and_a_twophase_batch_in_flight(spark, tmp_path):
+    """VACUUM while a twophase batch is between its pre-commit and its commit (one task's files written, no Delta
+    version references them yet):
+
+    - with retention respected (the default 7 days; RETAIN 1 HOURS), the batch's files are younger than the
+      retention: they survive and the batch commits, exactly once;
+    - with nothing in flight, RETAIN 0 HOURS deletes what OPTIMIZE replaced, never a file the newest version
+      references nor twophase's own folder (_twophase/: VACUUM skips hidden folders): the query goes on;
+    - RETAIN 0 HOURS (Delta's retention check turned off) during the window deletes the batch's pre-committed
+      files: the commit finds them gone and the batch fails naming itself (DataLossError), the table never
+      references a deleted file; a restart fails the same way until ``twophase log resolve --accept-loss``.
+    """
+    from twophase.cli import resolve_lost
+    folder = str(tmp_path)
+    inp, table, ck = str(tmp_path / "in"), str(tmp_path / "table"), str(tmp_path / "ck")
+    gated = gate_functions(folder)
+    gate = Gate(folder, "batch")
+    t = f"delta.`{table}`"
+    batches = [make_input(inp, 1, ROWS)]
+    q = start_twophase(spark, inp, table, ck, gated("batch"))
+    deadline = time.monotonic() + 240
+    t0 = time.monotonic()
+
+    def phase(what: str) -> None:
+        print(f"{time.monotonic() - t0:6.1f} s {what}")
+    # VACUUM lists the table in this many tasks (default 10000: a minute on two slots, one held by the gate)
+    spark.conf.set("spark.sql.sources.parallelPartitionDiscovery.parallelism", "2")
+    try:
+        q.processAllAvailable()
+        _retrying(spark, f"OPTIMIZE {t}", deadline)
+        phase("batch 0, OPTIMIZE")
+        # retention respected: the in-flight batch's files survive VACUUM, and the batch commits
+        gate.close()
+        batches.append(make_input(inp, 1, ROWS, start=ROWS))
+        gate.wait_entered()
+        wait_one_task_of_two_done(spark, q)
+        in_flight = {p for p in _untracked(spark, table) if "-00000001-" in p}
+        assert in_flight, "batch 1's pre-committed files are not on disk"
+        _retrying(spark, f"VACUUM {t}", deadline)
+        spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
+        _retrying(spark, f"VACUUM {t} RETAIN 1 HOURS", deadline)
+        assert all(os.path.exists(os.path.join(table, p)) for p in in_flight), "VACUUM deleted a fresh file"
+        gate.open()
+        wait_batch_committed(table, 1)
+        q.processAllAvailable()
+        every_version_reads(spark, table, check_batches(spark, table, batches))  # VACUUM took nothing
+        phase("VACUUM kept the in-flight batch 1")
+        # nothing in flight: RETAIN 0 HOURS removes what OPTIMIZE replaced, only that
+        replaced = _untracked(spark, table)
+        assert replaced, "OPTIMIZE replaced no file: the test did not test"
+        _retrying(spark, f"VACUUM {t} RETAIN 0 HOURS", deadline)
+        assert _untracked(spark, table) == set() and not any(os.path.exists(os.path.join(table, p)) for p in replaced)
+        assert os.path.isdir(os.path.join(table, "_twophase")), "VACUUM deleted twophase's folder"
+        report = check_exactly_once([i for b in batches for i in b], _ids(spark, table))
+        assert report.ok, report.line()
+        phase("VACUUM RETAIN 0 HOURS, nothing in flight")
+        # RETAIN 0 HOURS inside the window: the batch's files are deleted, the batch fails by name
+        gate.close()
+        lost = make_input(inp, 1, ROWS, start=ROWS * 2)
+        gate.wait_entered()
+        wait_one_task_of_two_done(spark, q)
+        in_flight = {p for p in _untracked(spark, table) if "-00000002-" in p}
+        assert in_flight, "batch 2's pre-committed files are not on disk"
+        _retrying(spark, f"VACUUM {t} RETAIN 0 HOURS", deadline)
+        assert not any(os.path.exists(os.path.join(table, p)) for p in in_flight), "VACUUM kept untracked files"
+        gate.open()
+        assert _terminated(q), "the query went on after its batch's files were deleted"
+    finally:
+        spark.conf.unset("spark.databricks.delta.retentionDurationCheck.enabled")
+        spark.conf.unset("spark.sql.sources.parallelPartitionDiscovery.parallelism")
+        gate.open()
+        q.stop()
+    error = _error_text(q)
+    assert "DataLossError" in error and "checkpoint 2" in error and "gone" in error, error
+    assert 2 not in _txns(table, SINK_ID).values()
+    assert sorted(_ids(spark, table)) == sorted(i for b in batches for i in b), "the table changed"
+    every_version_reads(spark, table, {}, from_version=max(_txns(table, SINK_ID)))
+    phase("batch 2 failed by name")
+    # a restart does not pass over the loss in silence
+    q = start_twophase(spark, inp, table, ck)
+    try:
+        assert _terminated(q), "a restart committed past the lost batch"
+    finally:
+        q.stop()
+    error = _error_text(q)
+    assert "DataLossError" in error and "checkpoint 2" in error and "gone" in error, error
+    phase("the restart failed by name")
+    # the operator records the loss; the query goes on: batch 2 stays lost (named in the log), batch 3 commits
+    resolve_lost(table, 2, "vacuumed before its commit (test)", sink_id=SINK_ID)
+    batches.append(make_input(inp, 1, ROWS, start=ROWS * 3))
+    q = start_twophase(spark, inp, table, ck)
+    try:
+        q.processAllAvailable()
+        assert q.exception() is None, q.exception()
+    finally:
+        q.stop()
+    assert sorted(_txns(table, SINK_ID).values()) == [0, 1, 3]
+    report = check_exactly_once([i for b in batches for i in b], _ids(spark, table))
+    assert report.ok, report.line()
+    assert not set(lost) & set(_ids(spark, table))
+    phase("resolved, batch 3 committed")
+
+
+def test_neighbour_delta_spark_stream_appends_beside_twophase(spark, tmp_path):
+    """A delta-spark streaming query (``writeStream.format("delta")``, Delta's SetTransaction keyed by its query
+    id) and twophase-delta append to one table at once; once, deterministically, the Delta stream commits while
+    a twophase batch is between its pre-commit and its commit. Both streams' rows exactly once, per batch."""
+    folder = str(tmp_path)
+    inp, theirs_in, table = str(tmp_path / "in"), str(tmp_path / "theirs"), str(tmp_path / "table")
+    gated = gate_functions(folder)
+    gate = Gate(folder, "batch")
+    batches = [make_input(inp, 1, ROWS)]
+    q = start_twophase(spark, inp, table, str(tmp_path / "ck"), gated("batch"))
+    d = None
+    theirs: list[list[int]] = []
+    try:
+        q.processAllAvailable()  # the table exists (twophase created it)
+        theirs.append(make_input(theirs_in, 1, ROWS, start=100000))
+        d = (spark.readStream.schema(INPUT_SCHEMA).option("maxFilesPerTrigger", 1).json(theirs_in)
+             .writeStream.format("delta").option("checkpointLocation", str(tmp_path / "dck")).partitionBy("grp")
+             .trigger(processingTime="100 milliseconds").start(table))
+        d.processAllAvailable()
+        for k in range(1, 5):
+            if k == 2:
+                q.processAllAvailable()  # batch 1 is done: the gate holds batch 2
+                gate.close()
+            batches.append(make_input(inp, 1, ROWS, start=ROWS * k))
+            theirs.append(make_input(theirs_in, 1, ROWS, start=100000 + ROWS * k))
+            if k == 2:  # Delta's stream commits its batch 2 while twophase's batch 2 is pre-committed
+                gate.wait_entered()
+                wait_one_task_of_two_done(spark, q)
+                d.processAllAvailable()
+                assert 2 not in _txns(table, SINK_ID).values()
+                gate.open()
+            time.sleep(0.3)
+        q.processAllAvailable()
+        d.processAllAvailable()
+        assert q.exception() is None and d.exception() is None, (q.exception(), d.exception())
+    finally:
+        gate.open()
+        q.stop()
+        if d is not None:
+            d.stop()
+    versions = check_batches(spark, table, batches)
+    versions = check_batches(spark, table, theirs, app_id=d.id, versions=versions)
+    history = every_version_reads(spark, table, versions)
+    ops = [r["operation"] for r in history]
+    assert ops.count("WRITE") == 5 and ops.count("STREAMING UPDATE") == 5, ops
+    mine, other = _txns(table, SINK_ID), _txns(table, d.id)
+    assert min(v for v, b in other.items() if b == 2) < min(v for v, b in mine.items() if b == 2)
+    report = check_exactly_once([i for b in batches + theirs for i in b], _ids(spark, table))
+    assert report.ok, report.line()
+
