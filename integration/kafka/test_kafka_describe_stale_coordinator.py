@@ -1,0 +1,88 @@
+"""Issue 22 on the 3-broker cluster: a paused-then-resumed old coordinator must not make an open transaction
+look unknown to :meth:`TxnClient.describe` (whose "unknown" the attempt-slot probe takes as a free slot).
+
+The driver's client knows the coordinator of a never-initialised id ``T`` (broker V). V is SIGSTOPped; once
+another broker coordinates ``T``, a producer initialises ``T`` there and leaves a transaction open with records
+in it. V is SIGCONTed and, at once, the driver's client (its coordinator cache still naming V) describes ``T``:
+it must see the open transaction. Needs ``TWOPHASE_KAFKA_CLUSTER=1`` (about 30 s: the controller fences the
+paused broker after its 9 s session timeout)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from integration.kafka.broker import unique
+
+pytestmark = pytest.mark.kafka
+
+needs_flag = pytest.mark.skipif(os.environ.get("TWOPHASE_KAFKA_CLUSTER") != "1",
+                                reason="cluster fault campaign: set TWOPHASE_KAFKA_CLUSTER=1")
+
+
+def _raw_describe(client, node: int, tid: str):
+    """One DescribeTransactions straight to ``node`` (what describe did before issue 22's fix): error name."""
+    import kafka.errors as Errors
+    from kafka.protocol.admin.transactions import DescribeTransactionsRequest
+
+    async def go():
+        return await client.admin._manager.send(DescribeTransactionsRequest(transactional_ids=[tid]), node_id=node)
+    try:
+        (row,) = client.admin._manager.run(go).transaction_states
+        return Errors.for_code(row.error_code).__name__, getattr(row, "transaction_state", None)
+    except Exception as e:  # noqa: BLE001 - informational
+        return type(e).__name__, None
+
+
+@needs_flag
+@pytest.mark.parametrize("round_", range(3))
+def test_kafka_cluster_resumed_old_coordinator_never_makes_an_open_transaction_unknown(kafka_cluster, round_):
+    from confluent_kafka import Producer
+
+    from integration.kafka.cluster import wait_for
+    from twophase.sinks._kafka_txn import TxnClient
+
+    cluster = kafka_cluster
+    cluster.wait_healthy()
+    topic = cluster.create_topic(unique("stale"), 1)
+    tid = unique("stale-tid")
+    client = TxnClient({"bootstrap_servers": cluster.bootstrap.split(","), "request_timeout_ms": 4000},
+                       retry_deadline_s=60.0)
+    producer = None
+    victim = cluster.coordinator(tid)
+    try:
+        assert client.describe([tid]) == {tid: None}            # never initialised; the client caches V
+        cluster.pause(victim)
+        try:
+            others = ",".join(cluster.address(i) for i in range(1, cluster.n + 1) if i != victim)
+            wait_for(lambda: cluster.coordinator(tid, timeout=5) != victim, 60, f"the coordinator of {tid} to move")
+            producer = Producer({"bootstrap.servers": others, "transactional.id": tid,
+                                 "transaction.timeout.ms": 60000})
+            producer.init_transactions(30)
+            producer.begin_transaction()
+            for i in range(10):
+                producer.produce(topic, f"v{i}".encode())
+            assert producer.flush(30) == 0
+        finally:
+            cluster.resume(victim)
+        t0 = time.monotonic()
+        raw = _raw_describe(client, victim, tid)                 # the old, single ask at the cached coordinator
+        t_raw = time.monotonic() - t0
+        states = client.describe([tid])
+        t_desc = time.monotonic() - t0
+        print(f"round {round_}: victim {victim}; raw ask at the resumed broker after {t_raw:.3f}s: {raw}; "
+              f"describe after {t_desc:.3f}s: {states}")
+        st = states[tid]
+        assert st is not None and st.is_open, (f"describe called the open transaction of {tid} {st} right after "
+                                               f"its old coordinator {victim} resumed (raw answer there: {raw})")
+    finally:
+        cluster.resume(victim)
+        if producer is not None:
+            try:
+                producer.abort_transaction(30)
+            except Exception:  # noqa: BLE001 - cleanup
+                pass
+        client.close()
+        cluster.wait_healthy(topics=(topic,))
