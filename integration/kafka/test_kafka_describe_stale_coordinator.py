@@ -36,6 +36,36 @@ def _raw_describe(client, node: int, tid: str):
         return type(e).__name__, None
 
 
+def _coordinator_via(bootstrap: str, tid: str) -> int:
+    """FindCoordinator through ``bootstrap`` only (cluster.coordinator bootstraps from every live PID, the paused
+    broker included, and kafka-python may wait 30 s on it)."""
+    from kafka import KafkaAdminClient
+    from kafka.protocol.metadata import CoordinatorType
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
+    try:
+        async def go():
+            return await admin._find_coordinator_id(tid, CoordinatorType.TRANSACTION)
+        return int(admin._manager.run(go))
+    finally:
+        admin.close()
+
+
+def _init_transactions(producer, deadline_s: float = 120.0) -> None:
+    """init_transactions, again while the new coordinator loads the partition (it waits for the ISR to shrink)."""
+    from confluent_kafka import KafkaError, KafkaException
+    again = {KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE,
+             KafkaError.NOT_COORDINATOR, KafkaError._TIMED_OUT}
+    deadline = time.monotonic() + deadline_s
+    while True:
+        try:
+            producer.init_transactions(30)
+            return
+        except KafkaException as e:
+            err = e.args[0]
+            if time.monotonic() > deadline or not (err.retriable() or err.code() in again):
+                raise
+
+
 @needs_flag
 @pytest.mark.parametrize("round_", range(3))
 def test_kafka_cluster_resumed_old_coordinator_never_makes_an_open_transaction_unknown(kafka_cluster, round_):
@@ -57,10 +87,10 @@ def test_kafka_cluster_resumed_old_coordinator_never_makes_an_open_transaction_u
         cluster.pause(victim)
         try:
             others = ",".join(cluster.address(i) for i in range(1, cluster.n + 1) if i != victim)
-            wait_for(lambda: cluster.coordinator(tid, timeout=5) != victim, 60, f"the coordinator of {tid} to move")
+            wait_for(lambda: _coordinator_via(others, tid) != victim, 90, f"the coordinator of {tid} to move")
             producer = Producer({"bootstrap.servers": others, "transactional.id": tid,
                                  "transaction.timeout.ms": 60000})
-            producer.init_transactions(30)
+            _init_transactions(producer)
             producer.begin_transaction()
             for i in range(10):
                 producer.produce(topic, f"v{i}".encode())
