@@ -219,7 +219,7 @@ def read_bare_librdkafka(bootstrap: str, topic: str, end: int, batch_rows: int =
     from confluent_kafka import Consumer, TopicPartition
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-read", "enable.auto.commit": False,
                   "isolation.level": "read_committed", "fetch.max.bytes": 64 << 20,
-                  "max.partition.fetch.bytes": 8 << 20})
+                  "max.partition.fetch.bytes": 8 << 20, "queued.min.messages": 1_000_000})  # as the source
     c.assign([TopicPartition(topic, 0, 0)])
     n, pos = 0, 0
     try:

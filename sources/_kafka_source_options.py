@@ -281,7 +281,13 @@ class KafkaSourceOptions:
                 "logger": logging.getLogger(LIBRDKAFKA_LOGGER)}
 
 
-#: librdkafka consumer defaults of the source (a ``kafka.*`` option overrides any of them)
-RDKAFKA_CONSUMER_DEFAULTS: dict[str, Any] = {"fetch.max.bytes": 64 << 20, "max.partition.fetch.bytes": 8 << 20}
+#: librdkafka consumer defaults of the source (a ``kafka.*`` option overrides any of them).
+#: ``queued.min.messages``: librdkafka (2.x) stops fetching a partition once 100,000 messages (its default) are
+#: queued and waits ``fetch.queue.backoff.ms`` (1 s) before the next fetch; a reader draining the queue faster
+#: than that then waits on the fetcher: 155,000 records/s per partition from Apache Kafka 4.4.0, 1.16-1.33 M/s
+#: with 1,000,000 (bench/bench_kafka_read.py, docs/benchmarks.md). The queue stays bounded by
+#: ``queued.max.messages.kbytes`` (64 MiB).
+RDKAFKA_CONSUMER_DEFAULTS: dict[str, Any] = {"fetch.max.bytes": 64 << 20, "max.partition.fetch.bytes": 8 << 20,
+                                             "queued.min.messages": 1_000_000}
 #: the logger librdkafka's own log lines go to (served inside consume)
 LIBRDKAFKA_LOGGER = "twophase.sources.kafka.librdkafka"
