@@ -250,7 +250,9 @@ def test_neighbour_optimize_zorder_and_delete_while_twophase_appends(spark, tmp_
     versions = check_batches(spark, table, batches)
     history = every_version_reads(spark, table, versions)
     ops = [r["operation"] for r in history]
-    assert ops.count("WRITE") == 5 and ops.count("DELETE") == 2 and ops.count("OPTIMIZE") == 2, ops
+    # the plain OPTIMIZE commits nothing when the table has no bin of two or more small files at that moment
+    # (seen on a fresh clone: its first run had one OPTIMIZE commit); OPTIMIZE ZORDER BY always rewrites
+    assert ops.count("WRITE") == 5 and ops.count("DELETE") == 2 and ops.count("OPTIMIZE") in (1, 2), ops
     assert any("id" in (r["operationParameters"] or {}).get("zOrderBy", "") for r in history), "no ZORDER commit"
     deleted: set[int] = set()
     for r in history:  # a DELETE removes exactly the id % 7 == 0 rows its parent held

@@ -18,3 +18,14 @@ def kafka_cluster():
     from integration.kafka.cluster import kafka_cluster as start
     with start(3) as cluster:
         yield cluster
+
+
+@pytest.fixture(params=["librdkafka", "kafka-python"])
+def sink_env(kafka_bootstrap, tmp_path, registry, request):
+    """``(options, topic)`` of a twophase-kafka sink on a fresh 2-partition topic, once per producer
+    (option ``kafkaClient``): librdkafka and kafka-python."""
+    from integration.kafka.broker import create_topic, unique
+    topic = create_topic(kafka_bootstrap, unique("out"), 2)
+    raw = {"kafka.bootstrap.servers": kafka_bootstrap, "topic": topic, "checkpointLocation": str(tmp_path / "ck"),
+           "prefixRegistry": registry, "transactionalIdPrefix": unique("p"), "kafkaClient": request.param}
+    return raw, topic

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from integration.kafka.broker import committed_values, create_topic, key_value_batch, unique
+from integration.kafka.broker import committed_values, key_value_batch
 from twophase.coordinator import CheckpointCoordinator
 from twophase.errors import TransientSinkError
 from twophase.sink import TransactionContext, run_task
@@ -22,12 +22,10 @@ pytestmark = pytest.mark.kafka
 SCHEMA = pa.schema([("key", pa.binary()), ("value", pa.binary())])
 
 
-@pytest.fixture(params=["librdkafka", "kafka-python"])
-def env(kafka_bootstrap, tmp_path, registry, request):
-    topic = create_topic(kafka_bootstrap, unique("out"), 2)
-    raw = {"kafka.bootstrap.servers": kafka_bootstrap, "topic": topic, "checkpointLocation": str(tmp_path / "ck"),
-           "prefixRegistry": registry, "transactionalIdPrefix": unique("p"), "kafkaClient": request.param}
-    return raw, topic
+@pytest.fixture
+def env(sink_env):
+    """Every test runs with both producers (conftest's sink_env: option kafkaClient)."""
+    return sink_env
 
 
 def _sink(raw: dict) -> KafkaSink:
@@ -39,6 +37,23 @@ def _sink(raw: dict) -> KafkaSink:
 def _run(sink: KafkaSink, cid: int, tag: str, n: int = 5, tasks=("0", "1"), attempt: int = 0):
     return [run_task(sink, TransactionContext(sink.sink_id, cid, t, attempt), [key_value_batch(f"{tag}{t}", n)])
             for t in tasks]
+
+
+def _lose_the_first_commit_answer(monkeypatch):
+    """The first EndTxn(commit) reaches the broker, its answer is lost (TransientSinkError); returns the
+    original TxnClient.end_txn to put back."""
+    from twophase.sinks import _kafka_txn
+    original = _kafka_txn.TxnClient.end_txn
+    sent: list[str] = []
+
+    def end_txn(self, transactional_id, producer_id, epoch, *, commit):
+        outcome = original(self, transactional_id, producer_id, epoch, commit=commit)
+        sent.append(transactional_id)
+        if commit and len(sent) == 1:
+            raise TransientSinkError("the EndTxn answer was lost")
+        return outcome
+    monkeypatch.setattr(_kafka_txn.TxnClient, "end_txn", end_txn)
+    return original
 
 
 def _values(tag: str, n: int = 5, tasks=("0", "1")) -> list[bytes]:
@@ -71,16 +86,7 @@ def test_review_kafka_retried_commit_after_an_end_txn_went_out_is_recovered_not_
     raw = {**raw, "commitParallelism": "1"}
     sink = _sink(raw)
     acks = _run(sink, 0, "b")
-    original = _kafka_txn.TxnClient.end_txn
-    sent: list[str] = []
-
-    def end_txn(self, transactional_id, producer_id, epoch, *, commit):
-        outcome = original(self, transactional_id, producer_id, epoch, commit=commit)
-        sent.append(transactional_id)
-        if commit and len(sent) == 1:
-            raise TransientSinkError("the EndTxn answer was lost")
-        return outcome
-    monkeypatch.setattr(_kafka_txn.TxnClient, "end_txn", end_txn)
+    original = _lose_the_first_commit_answer(monkeypatch)
     with pytest.raises(TransientSinkError):
         CheckpointCoordinator(sink).complete_batch(0, acks, ["0", "1"])
     assert sink.transaction_log().get(0).state is CheckpointState.COMPLETED
@@ -104,16 +110,7 @@ def test_review_kafka_restart_after_an_end_txn_went_out_recovers_without_the_che
     raw = {**raw, "commitParallelism": "1"}
     sink = _sink(raw)
     acks = _run(sink, 0, "r")
-    original = _kafka_txn.TxnClient.end_txn
-    sent: list[str] = []
-
-    def end_txn(self, transactional_id, producer_id, epoch, *, commit):
-        outcome = original(self, transactional_id, producer_id, epoch, commit=commit)
-        sent.append(transactional_id)
-        if commit and len(sent) == 1:
-            raise TransientSinkError("the EndTxn answer was lost")
-        return outcome
-    monkeypatch.setattr(_kafka_txn.TxnClient, "end_txn", end_txn)
+    original = _lose_the_first_commit_answer(monkeypatch)
     with pytest.raises(TransientSinkError):
         CheckpointCoordinator(sink).complete_batch(0, acks, ["0", "1"])
     monkeypatch.setattr(_kafka_txn.TxnClient, "end_txn", original)

@@ -24,13 +24,10 @@ pytestmark = pytest.mark.kafka
 SCHEMA = pa.schema([("key", pa.binary()), ("value", pa.binary())])
 
 
-@pytest.fixture(params=["librdkafka", "kafka-python"])
-def env(kafka_bootstrap, tmp_path, registry, request):
-    """Every test runs with both producers (option kafkaClient)."""
-    topic = create_topic(kafka_bootstrap, unique("out"), 2)
-    raw = {"kafka.bootstrap.servers": kafka_bootstrap, "topic": topic, "checkpointLocation": str(tmp_path / "ck"),
-           "prefixRegistry": registry, "transactionalIdPrefix": unique("p"), "kafkaClient": request.param}
-    return raw, topic
+@pytest.fixture
+def env(sink_env):
+    """Every test runs with both producers (conftest's sink_env: option kafkaClient)."""
+    return sink_env
 
 
 def _no_open_transactions(sink: KafkaSink) -> bool:
