@@ -10,7 +10,7 @@ import time
 from typing import Optional, Sequence
 
 from twophase._logging import get_logger
-from twophase.errors import ConfigurationError
+from twophase.errors import ConfigurationError, TransientSinkError
 from twophase.sink import CommitResult, CommitStatus, Guarantee, SinkCommitter
 
 from twophase.sinks.kafka import BLOCK_AGE_FRACTION, SINK, WARN_AGE_FRACTION, KafkaCommittable, KafkaSink
@@ -80,7 +80,6 @@ class KafkaCommitter(SinkCommitter[KafkaCommittable]):
                 if c.guarantee != Guarantee.AT_LEAST_ONCE.value and c.partitions and c.transactional_id]
         if not live:
             return []
-        from twophase.errors import TransientSinkError
         try:
             states = self.sink._client().describe([c.transactional_id for c in live])
         except TransientSinkError as e:

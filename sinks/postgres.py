@@ -65,6 +65,7 @@ from twophase._redact import redact_text, redact_values
 from twophase.errors import (ConfigurationError, ConstraintViolationError, DataLossError, LogCorruptError,
                              TransientSinkError)
 from twophase.sink import CommitStatus, Guarantee, TransactionContext, sink_token
+from twophase.states import CheckpointState
 from twophase.user_sink import TwoPhaseCommitSink, _UserCommitter
 
 from twophase.sinks._postgres_checks import DestinationChecks, _psycopg, _quote_ident
@@ -502,7 +503,7 @@ class PostgresSink(DestinationChecks, TwoPhaseCommitSink[dict]):
         if cid is None or self.guarantee is not Guarantee.EXACTLY_ONCE:  # at-least-once: no log (commits in the task)
             return False
         record = self.transaction_log().get(cid)
-        return (record is not None and record.state.value == "COMMITTED"
+        return (record is not None and record.state is CheckpointState.COMMITTED
                 and any(isinstance(h, dict) and (h.get("txn") or {}).get("gid") == gid
                         for h in dict(record.handles).values()))
 
