@@ -34,7 +34,11 @@ Invariants (``test_delta_sink_invN_*``):
    for the app id is already ``>= checkpoint id`` (delta-rs accepts duplicates, so the check is ours).
 3. ``abort`` deletes only files of the handle that no Delta commit added (if the table has the
    handle's checkpoint, that commit's files are read first and kept), and a commit never adds a file
-   that is gone (the checkpoint is LOST instead: a table never references a missing file).
+   that is gone (the checkpoint is LOST instead: a table never references a missing file). A file gone
+   BEFORE the decision (``VACUUM ... RETAIN 0 HOURS`` while the batch was in flight) declines the batch
+   instead (:meth:`DeltaCommitter.check_prepared`: one stat or HEAD per file of the batch, once every ack
+   is in): aborted, run again, nothing lost. Only a file deleted in the window between that check and
+   the Delta commit makes a decided checkpoint LOST.
 4. ``abort_lingering(n)`` deletes only data files that carry this sink's token, of checkpoints
    ``<= n``, that the sink's own log proves were never committed (the checkpoint's record is final and
    does not list the file): crashed tasks, failed attempts. It aborts in-progress S3 uploads of those
@@ -179,6 +183,29 @@ def delta_azure_storage_options(config: AzureConfig) -> dict[str, str]:
         if endpoint.startswith("http://"):
             out["allow_http"] = "true"
     return out
+
+
+#: tests only: a folder; see :func:`_commit_gate`
+COMMIT_GATE_ENV = "TWOPHASE_DELTA_COMMIT_GATE"
+
+
+def _commit_gate(checkpoint_id: int) -> None:
+    """A test's hook (``TWOPHASE_DELTA_COMMIT_GATE=<folder>``, read here, so it reaches the process that
+    commits, as :mod:`twophase.faults` does): while ``<folder>/delta-commit`` exists, a commit that has read
+    the table's version and checked its files waits here, before its Delta commit, at most 120 s; it first
+    writes its checkpoint id to ``<folder>/delta-commit.entered``. So a test makes another writer's commit
+    land between twophase's read of the table and its commit. Unset (always, outside tests): nothing."""
+    folder = os.environ.get(COMMIT_GATE_ENV)
+    if not folder:
+        return
+    gate = os.path.join(folder, "delta-commit")
+    if not os.path.exists(gate):
+        return
+    with open(gate + ".entered", "a") as f:
+        f.write(f"{checkpoint_id}\n")
+    deadline = time.monotonic() + 120
+    while os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def _deltalake() -> Any:
@@ -1067,6 +1094,7 @@ class DeltaCommitter(SinkCommitter[DeltaCommittable]):
             custom_metadata={"twophase.sink_id": self.sink_id, "twophase.checkpoint_id": checkpoint_id},
             app_transactions=[Transaction(self.sink_id, checkpoint_id, int(time.time() * 1000))])
         before = dt.version()
+        _commit_gate(checkpoint_id)
         dt.create_write_transaction(actions, "append", dt.schema(), partition_by=list(dt.metadata().partition_columns),
                                     commit_properties=props)
         self.sink.sync_commit(checkpoint_id, since=before)  # durable before the coordinator records COMMITTED
@@ -1107,6 +1135,48 @@ class DeltaCommitter(SinkCommitter[DeltaCommittable]):
                         "query, or record the checkpoint as lost: twophase log resolve "
                         f"{self.transaction_log().location} --sink-id {self.sink_id} --checkpoint {checkpoint_id} "
                         "--accept-loss") from None
+
+    def check_prepared(self, checkpoint_id: int, committables: Sequence[DeltaCommittable]) -> list[str]:
+        """Before the decision (invariant 3): each task whose pre-committed data files are already gone.
+
+        A data file no Delta version references yet is fair game for ``VACUUM ... RETAIN 0 HOURS`` (Delta's
+        retention check turned off) or any other deletion; found gone here, before the coordinator writes
+        the decision, the batch is declined (every handle aborted, ABORTED in the log, a retriable
+        CheckpointDeclinedError) and Spark's restart runs it again: nothing is lost. Decided, it could only
+        become LOST (a DataLossError an operator ends with ``twophase log resolve --accept-loss``).
+
+        Cost: the batch's own files only, never the table: one stat per file locally, one HEAD per file on
+        S3 (one Get Blob Properties on Azure), eight at a time, the same look the commit takes again
+        (:meth:`_missing`). Only when a file is missing is the table read, so that a checkpoint the table
+        already has (its files since removed by OPTIMIZE and VACUUM) is never declined. A store that cannot
+        answer is not asked (logged): the commit still tells committed from lost.
+
+        The window from this check to the Delta commit remains: a file deleted in it is found by the
+        commit's own look and the checkpoint, decided, is LOST (DataLossError naming its files)."""
+        if not any(h.files for h in committables):
+            return []
+        try:
+            lost = self._missing(committables)
+        except TransientSinkError as e:
+            _log.warning("delta_prepared_check_skipped", sink_id=self.sink_id, checkpoint_id=checkpoint_id,
+                         error=str(e), consequence="decided without it; the commit tells committed from lost")
+            return []
+        if not lost:
+            return []
+        dt = self._table()
+        done = None if dt is None else dt.transaction_version(self.sink_id)
+        if done is not None and done >= checkpoint_id:  # committed already: its files may since be vacuumed
+            return []
+        found = [f"task {h.task_id}: {len(missing)} of its {len(h.files)} pre-committed data files are gone "
+                 f"(deleted or vacuumed before the decision, no Delta version references them): {missing[:5]}"
+                 for h, missing in lost if missing]
+        _log.warning("delta_prepared_files_gone", sink_id=self.sink_id, checkpoint_id=checkpoint_id,
+                     files=sum(len(m) for _, m in lost), consequence="the batch is declined before the decision "
+                     "and runs again")
+        hint = ("VACUUM deletes files no Delta version references once they are older than its retention: never "
+                "VACUUM this table with a retention below the longest batch (RETAIN 0 HOURS needs "
+                "spark.databricks.delta.retentionDurationCheck.enabled=false, which is what allows it)")
+        return found[:-1] + [f"{found[-1]}; {hint}"]
 
     def commit(self, committable: DeltaCommittable, *, recovering: bool = False) -> CommitResult[DeltaCommittable]:
         """A Delta checkpoint commits whole: this commits ``committable`` as the only one of its checkpoint."""
