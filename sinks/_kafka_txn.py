@@ -200,30 +200,57 @@ class TxnClient:
     async def _coordinator(self, transactional_id: str) -> int:
         return await self.admin._find_coordinator_id(transactional_id, CoordinatorType.TRANSACTION)
 
-    async def _find_coordinator_elsewhere(self, transactional_id: str, avoid: Any) -> None:
-        """FindCoordinator for ``transactional_id`` asked of a broker other than ``avoid`` (cached as the id's
-        coordinator): a broker resumed after a pause may name itself as the coordinator of a partition it no longer
-        leads (issue 22). Without another broker in the metadata, or if that broker fails, the cache is left as it
-        is (the next lookup asks any broker)."""
+    async def _find_coordinator_elsewhere(self, transactional_id: str,
+                                          heard: Iterable[Any] = ()) -> Optional[tuple[Any, bool]]:
+        """FindCoordinator for ``transactional_id`` asked of one broker at a time, to learn who names the
+        coordinator (kafka-python's own lookup does not say which broker answered): ``(named, independent)``,
+        ``named`` cached as the id's coordinator, ``independent`` when a broker other than ``named`` named it (or
+        ``named`` is the only broker of the metadata: no other could have taken its partitions over); None if the
+        lookup failed on every broker (each one down, paused, timed out, answering an error or an empty
+        coordinator list: a failed lookup, never a confirmation).
+
+        A broker resumed after a pause may name itself as the coordinator of a partition it no longer leads
+        (issue 22), so an answer naming another broker than the one asked is preferred: the brokers are asked in
+        turn (those not in ``heard``, the ones that already called the id unknown, first) until one names another;
+        if every answer named its own sender, the first such answer is used (its "unknown" is not trusted by
+        :meth:`describe`, its known state is)."""
         from kafka.protocol.metadata import FindCoordinatorRequest
         manager = self.admin._manager
-        others = sorted(b.node_id for b in manager.cluster.brokers() if b.node_id != avoid)
-        if not others:
-            return
-        if manager.broker_version_data.api_version(FindCoordinatorRequest) >= 4:
-            request = FindCoordinatorRequest(key_type=CoordinatorType.TRANSACTION.value,
-                                             coordinator_keys=[transactional_id], min_version=4)
-        else:
-            request = FindCoordinatorRequest(key=transactional_id, key_type=CoordinatorType.TRANSACTION.value,
-                                             max_version=3)
-        try:
-            response = await manager.send(request, node_id=others[0])
-            row = response.coordinators[0] if hasattr(response, "coordinators") else response
-            manager.cluster.add_coordinator(row, CoordinatorType.TRANSACTION, transactional_id,
-                                            synthesize_node_id=False)
-        except (Errors.KafkaError, OSError) as e:
-            _log.info("find_coordinator_elsewhere_failed", transactional_id=transactional_id, node=others[0],
-                      error=type(e).__name__)
+        heard = set(heard)
+        brokers = sorted(b.node_id for b in manager.cluster.brokers())
+        order = [n for n in brokers if n not in heard] + [n for n in brokers if n in heard]
+        v4 = manager.broker_version_data.api_version(FindCoordinatorRequest) >= 4
+        self_named: Optional[Any] = None
+        for namer in order:
+            if v4:
+                request = FindCoordinatorRequest(key_type=CoordinatorType.TRANSACTION.value,
+                                                 coordinator_keys=[transactional_id], min_version=4)
+            else:
+                request = FindCoordinatorRequest(key=transactional_id, key_type=CoordinatorType.TRANSACTION.value,
+                                                 max_version=3)
+            try:
+                response = await manager.send(request, node_id=namer)
+                rows = list(response.coordinators) if hasattr(response, "coordinators") else [response]
+                if not rows:
+                    raise Errors.CoordinatorNotAvailableError("FindCoordinator answered no coordinator")
+                error = Errors.for_code(rows[0].error_code)
+                if error is not Errors.NoError:
+                    raise error(f"FindCoordinator answered {error.__name__}")
+            except (Errors.KafkaError, OSError) as e:
+                _log.info("find_coordinator_elsewhere_failed", transactional_id=transactional_id, node=namer,
+                          error=type(e).__name__)
+                continue
+            if rows[0].node_id != namer:
+                node = manager.cluster.add_coordinator(rows[0], CoordinatorType.TRANSACTION, transactional_id,
+                                                       synthesize_node_id=False)
+                return node, True
+            if self_named is None:
+                self_named = rows[0]
+        if self_named is None:
+            return None
+        node = manager.cluster.add_coordinator(self_named, CoordinatorType.TRANSACTION, transactional_id,
+                                               synthesize_node_id=False)
+        return node, len(brokers) == 1
 
     def _forget_coordinator(self, transactional_id: str) -> None:
         coords = getattr(self.admin._manager.cluster, "_coordinators", None)
@@ -289,8 +316,8 @@ class TxnClient:
         raise TransientSinkError(f"twophase-kafka: fencing transactional id {transactional_id!r} failed: "
                                  f"{error.__name__}")
 
-    #: pause before the last ask about an id a coordinator called unknown twice (issue 22: a broker resumed after a
-    #: pause may answer for a __transaction_state partition it no longer leads until its metadata catches up)
+    #: pause before asking again about an id whose "unknown" could not be confirmed (issue 22: a broker resumed
+    #: after a pause may answer for a __transaction_state partition it no longer leads until its metadata catches up)
     UNKNOWN_RECHECK_PAUSE_S = 0.3
 
     def describe(self, transactional_ids: Iterable[str]) -> Optional[dict[str, Optional[TxnState]]]:
@@ -299,31 +326,52 @@ class TxnClient:
         Retriable coordinator errors are retried for ``retry_deadline_s``, then TransientSinkError.
 
         "Unknown" (TRANSACTIONAL_ID_NOT_FOUND) is trusted only when confirmed (issue 22): a broker resumed after
-        a pause (SIGSTOP, a long GC) may still believe it leads the id's ``__transaction_state`` partition and
-        call unknown an id whose transaction another broker, the coordinator meanwhile, holds open; the
-        attempt-slot probe (invariant 4) would take that id as free and its InitProducerId abort the open
-        transaction. So after a first "unknown" the coordinator is forgotten and looked up afresh, and the id
-        asked again: "unknown" from a different, freshly named coordinator is trusted; from the same node again,
-        it is asked a third time after :attr:`UNKNOWN_RECHECK_PAUSE_S`, the coordinator looked up through another
-        broker (:meth:`_find_coordinator_elsewhere`: a stale broker names itself), and that answer stands. Known ids cost nothing more; unknown ids (a query's first two checkpoints, a batch write's run)
-        cost those extra round trips.
+        a pause (SIGSTOP, a long GC) may still believe it leads the id's ``__transaction_state`` partition, name
+        itself as the coordinator and call unknown an id whose transaction another broker, the coordinator
+        meanwhile, holds open; the attempt-slot probe (invariant 4) would take that id as free and its
+        InitProducerId abort the open transaction. The rule: **"unknown" from node X is trusted only when X was
+        named coordinator by a broker other than X** (FindCoordinator asked of one broker at a time,
+        :meth:`_find_coordinator_elsewhere`; a single-broker cluster's own naming stands: no broker could have
+        taken its partitions over), in a round after a first "unknown". So after a first "unknown"
+        (from the cached or kafka-python-looked-up coordinator, whose namer is not known) the coordinator is
+        forgotten, looked up broker by broker and the id asked again. A known state is trusted from any node.
+        A round whose lookup failed on every broker, or in which only self-named coordinators answered
+        "unknown", confirms nothing: the id is asked again after :attr:`UNKNOWN_RECHECK_PAUSE_S`, and at the
+        deadline TransientSinkError (the task fails and is re-run), never "unknown".
+
+        Covered: one stale broker at a time, in any cluster size: it names only itself, so its "unknown" needs
+        another broker's naming; in a 2-broker cluster whose only other broker is paused (the lookup fails) or
+        stale too (it names itself: asked first as the one not yet heard, its known state is trusted; two
+        self-named "unknown"s are not) "unknown" waits until the stale one catches up and names the other (seconds
+        after a resume; TransientSinkError if not within the deadline). Not covered: two brokers stale at
+        once, paused together while a third took the partition over, one's stale metadata naming the other
+        (which answers "unknown"): it takes three brokers and two simultaneous pauses; the producer's own
+        init_transactions on that id would then meet the open transaction's coordinator only after both catch up.
+
+        Known ids cost nothing more; unknown ids (a query's first two checkpoints, a batch write's run) cost one
+        round of lookups (usually one FindCoordinator) and a second DescribeTransactions.
         """
         ids = list(transactional_ids)
         if not ids:
             return {}
         deadline = time.monotonic() + self.retry_deadline_s
         out: dict[str, Optional[TxnState]] = {}
-        doubted: dict[str, list[int]] = {}   # id -> the nodes that called it unknown, in order
+        doubted: dict[str, list[Any]] = {}   # id -> the nodes that called it unknown, in order
+        unconfirmed: dict[str, str] = {}     # id -> why its last confirmation round confirmed nothing
         pending = list(ids)
         while True:
             asking = list(pending)
-            # called unknown twice by one node: the third lookup asks another broker (that node may name itself)
-            elsewhere = {t: doubted[t][0] for t in asking if len(doubted.get(t, ())) == 2}
+            confirming = [t for t in asking if t in doubted]
 
-            async def go() -> dict[str, Any]:
-                for tid, avoid in elsewhere.items():
-                    await self._find_coordinator_elsewhere(tid, avoid)
-                coords = await self.admin._find_coordinator_ids(asking, key_type=CoordinatorType.TRANSACTION)
+            async def go() -> tuple[dict[str, Any], dict[str, bool]]:
+                named_by: dict[str, bool] = {}   # id -> whether another broker named its coordinator
+                for tid in confirming:
+                    found = await self._find_coordinator_elsewhere(tid, doubted[tid])
+                    if found is not None:
+                        named_by[tid] = found[1]
+                ask = [t for t in asking if t not in doubted or t in named_by]
+                coords = await self.admin._find_coordinator_ids(ask, key_type=CoordinatorType.TRANSACTION) \
+                    if ask else {}
                 by_node: dict[int, list[str]] = {}
                 for tid, node in coords.items():
                     by_node.setdefault(node, []).append(tid)
@@ -335,9 +383,9 @@ class TxnClient:
                         rows[row.transactional_id] = (node, row)
                 for tid, node in coords.items():
                     rows.setdefault(tid, (node, None))
-                return rows
+                return rows, named_by
             try:
-                rows = self.admin._manager.run(go)
+                rows, named_by = self.admin._manager.run(go)
             except (Errors.UnsupportedVersionError, Errors.IncompatibleBrokerVersion, NotImplementedError) as e:
                 _log.info("describe_transactions_unsupported", error=str(e))
                 return None
@@ -350,9 +398,13 @@ class TxnClient:
                     self._forget_coordinator(tid)
                 time.sleep(0.1)
                 continue
-            retry = pause = False
+            pause = 0.0
             for tid in asking:
-                node, row = rows.get(tid, (None, None))
+                if tid not in rows:      # a confirmation round whose lookup failed on every broker
+                    unconfirmed[tid] = "FindCoordinator failed on every broker"
+                    pause = max(pause, self.UNKNOWN_RECHECK_PAUSE_S)
+                    continue
+                node, row = rows[tid]
                 error = Errors.for_code(row.error_code) if row is not None else Errors.TransactionalIdNotFoundError
                 if error is Errors.NoError:
                     parts = tuple(sorted((str(t.topic), int(p)) for t in (getattr(row, "topics", None) or ())
@@ -364,28 +416,31 @@ class TxnClient:
                                      known_at=node, state=out[tid].state,
                                      consequence="a stale coordinator's answer was not trusted")
                 elif error is Errors.TransactionalIdNotFoundError:
-                    seen = doubted.setdefault(tid, [])
-                    seen.append(node)
-                    if len(seen) >= 3 or (len(seen) == 2 and seen[0] != seen[1]):
-                        out[tid] = None      # confirmed by a freshly looked-up coordinator (issue 22)
-                    else:
-                        self._forget_coordinator(tid)
-                        retry = True
-                        pause = pause or len(seen) == 2
+                    independent = named_by.get(tid)
+                    if independent:
+                        out[tid] = None      # confirmed: named coordinator by another broker (issue 22)
+                        continue
+                    doubted.setdefault(tid, []).append(node)
+                    self._forget_coordinator(tid)
+                    if independent is False:  # only self-named coordinators answered: wait for them to catch up
+                        unconfirmed[tid] = f"only node {node}, which named itself coordinator, answered unknown"
+                        pause = max(pause, self.UNKNOWN_RECHECK_PAUSE_S)
                 elif error in _RETRIABLE:
                     self._forget_coordinator(tid)
-                    retry = pause = True
+                    pause = max(pause, 0.1)
                 else:
                     raise TransientSinkError(f"twophase-kafka: DescribeTransactions({tid!r}) failed: {error.__name__}")
             pending = [t for t in ids if t not in out]
             if not pending:
                 return {t: out[t] for t in ids}
             if time.monotonic() > deadline:
-                raise TransientSinkError(f"twophase-kafka: DescribeTransactions still retrying after "
-                                         f"{self.retry_deadline_s}s")
+                why = "; ".join(f"{t!r}: {unconfirmed[t]}" for t in pending if t in unconfirmed)
+                raise TransientSinkError(
+                    f"twophase-kafka: DescribeTransactions of {', '.join(map(repr, pending))} still retrying after "
+                    f"{self.retry_deadline_s}s" + (f" (an \"unknown transactional id\" answer is trusted only from a "
+                                                   f"coordinator another broker named; {why})" if why else ""))
             if pause:
-                time.sleep(self.UNKNOWN_RECHECK_PAUSE_S if any(len(doubted.get(t, ())) == 2 for t in pending)
-                           else 0.1)
+                time.sleep(pause)
 
     def accepts_timeout(self, transactional_id: str, timeout_ms: int) -> bool:
         """Whether the broker takes ``timeout_ms`` as a transaction timeout (InitProducerId on
