@@ -20,7 +20,9 @@ Invariants (named in tests as ``test_coordinator_invN_*``):
 3. A notification for checkpoint n commits every completed, uncommitted checkpoint <= n, in order.
 4. Handles of a declined, expired or subsumed checkpoint are aborted, never committed. A checkpoint one of
    whose prepared transactions the sink already lost before the decision (``SinkCommitter.check_prepared``:
-   Kafka's broker expired it) is declined the same way: aborted, retriable, never decided.
+   Kafka's broker expired it) is declined the same way: aborted, retriable, never decided. The check is asked on
+   every path that decides (a Spark batch, a batch write's run, the embedded runtime's last ack) and never
+   for a decided checkpoint; a check that fails (TransientSinkError) decides nothing either.
 5. Recovery commits every COMPLETED checkpoint and aborts every PENDING one and every lingering
    transaction of checkpoints up to the highest committed id, before any new data is written.
    Lingering transactions of higher (aborted) ids are left alone, since such an id may be attempted
@@ -58,7 +60,7 @@ from twophase.decisions import (AbortHandles, Action, CheckSuperseded, CommitHan
                                 Facts, Handles, Outcome, Prune, Refuse, RefuseResolve, Sweep, TakeAcks, WriteAborted,
                                 WriteCommitted, WriteCompleted, WriteLost, WritePending, decide)
 from twophase.errors import (CheckpointDeclinedError, ConcurrentWriterError, ConfigurationError, DataLossError,
-                             QueryMismatchError, RecordExistsError)
+                             QueryMismatchError, RecordExistsError, TransientSinkError)
 from twophase.log import CheckpointRecord, TransactionLog
 from twophase.sink import Ack, CommitStatus, SinkCommitter, SinkSpec
 from twophase.states import CheckpointState, check_transition
@@ -66,6 +68,18 @@ from twophase.states import CheckpointState, check_transition
 __all__ = ["CheckpointCoordinator", "CommitOutcome", "RecoveryReport", "TriggerPolicy"]
 
 _log = get_logger(__name__)
+
+#: what a checkpoint declined by ``check_prepared`` leads to: its error message (``{reason}``: the sink's
+#: words) and whether it is retriable (a Spark micro-batch runs again; a batch
+#: write's commit does not, a new run of the write does; the embedded runtime fails over)
+_THEN_BATCH = ("checkpoint {cid} of sink {sink!r} was not decided: {reason}. Every transaction of it was aborted "
+               "and nothing of it committed; the batch runs again", True)
+_THEN_WRITE_JOB = ("run {cid} of batch write {sink!r} was not committed: {reason}. Every transaction of it was "
+                   "aborted: nothing of this write was committed. A batch write is not re-run by anyone: the job must "
+                   "be re-run (with the same option writeId, its new run replaces this one)", False)
+_THEN_RUNTIME = ("checkpoint {cid} of sink {sink!r} was not decided: {reason}. Nothing of it was committed; the job "
+                 "fails over: its sinks abort the transactions of every undecided checkpoint, it restarts from its "
+                 "last completed checkpoint and writes the records again into new transactions", True)
 
 
 @dataclass(frozen=True)
@@ -283,7 +297,8 @@ class CheckpointCoordinator:
             if result is not TaskAcknowledgeResult.SUCCESS:
                 self._reject_ack(ack, pending, result)
                 return result
-            if pending.is_fully_acknowledged:
+            if pending.is_fully_acknowledged and self._check_prepared(pending, then=_THEN_RUNTIME,
+                                                                      decline_transient=True):
                 self._complete_and_commit(pending)
             return result
 
@@ -395,8 +410,9 @@ class CheckpointCoordinator:
             assert outcome is not None, "every BATCH_COMMIT decision ends with an outcome"
             return outcome
 
-    def _take_acks(self, call: _Call) -> CommitOutcome:
-        """Steps 1-2 of the Spark path (trigger and acks coincide), then 3-4 if every task acked."""
+    def _take_acks(self, call: _Call, *, write_job: bool = False) -> CommitOutcome:
+        """Steps 1-2 of the Spark path (trigger and acks coincide), then 3-4 if every task acked.
+        ``write_job``: a batch write's run (WRITE_JOB_COMMIT), which nobody re-runs on its own."""
         checkpoint_id = call.checkpoint_id
         # step 1 (trigger and acks coincide in Spark; BATCH_COMMIT wrote PENDING unless it was there)
         pending = PendingCheckpoint(checkpoint_id, call.expected_tasks, triggered_at=self.clock())
@@ -410,25 +426,41 @@ class CheckpointCoordinator:
             self.abort_checkpoint(checkpoint_id, f"tasks {missing} did not acknowledge")
             raise CheckpointDeclinedError(
                 f"checkpoint {checkpoint_id} of sink {self.log.sink_id!r} aborted: tasks {missing} did not ack")
-        self._check_prepared(pending)
+        self._check_prepared(pending, then=_THEN_WRITE_JOB if write_job else _THEN_BATCH)
         self._complete_and_commit(pending)
         return CommitOutcome.COMMITTED
 
-    def _check_prepared(self, pending: PendingCheckpoint) -> None:
+    def _check_prepared(self, pending: PendingCheckpoint, *, then: tuple[str, bool],
+                        decline_transient: bool = False) -> bool:
         """Invariant 4, before step 3: a handle whose prepared data the sink already lost (the committer's
         ``check_prepared``: Kafka's broker expired the transaction) declines the checkpoint like a missing
-        ack: every handle aborted, nothing decided, a retriable error (the batch runs again). Deciding it
-        would make a checkpoint that can only become LOST, an operator's case, while nothing was decided."""
+        ack: every handle aborted, nothing decided, and CheckpointDeclinedError says what happens next
+        (``then``: its message and whether it is retriable; a Spark batch runs again, a batch write must be run
+        again by its user, the embedded runtime fails over). Deciding it would make a checkpoint that can only
+        become LOST, an operator's case, while nothing was decided.
+
+        ``decline_transient`` (the acknowledge path): a check that raises TransientSinkError declines the
+        checkpoint (aborted, counted as a failed checkpoint; the runtime carries its transactions into the
+        next checkpoint, which asks the check again) and returns False. Otherwise the error propagates and
+        nothing is decided either (Spark retries the commit or aborts the batch). Returns True: decide."""
         cid = pending.checkpoint_id
         acked = pending.acked_handles
-        gone = self._check_handles(cid, [acked[t] for t in sorted(acked, key=_task_sort_key)])
+        try:
+            gone = self._check_handles(cid, [acked[t] for t in sorted(acked, key=_task_sort_key)])
+        except TransientSinkError as e:
+            if not decline_transient:
+                raise
+            _log.warning("prepared_check_failed", sink_id=self.log.sink_id, checkpoint_id=cid, error=str(e),
+                         consequence="the checkpoint is declined, not decided; its transactions are checked again "
+                                     "with the next checkpoint")
+            self.abort_checkpoint(cid, f"the check of its prepared transactions failed: {e}")
+            return False
         if not gone:
-            return
+            return True
         reason = "; ".join(gone)
         self.abort_checkpoint(cid, f"prepared data gone before the decision: {reason}")
-        raise CheckpointDeclinedError(
-            f"checkpoint {cid} of sink {self.log.sink_id!r} was not decided: {reason}. Every transaction of it "
-            "was aborted and nothing of it committed; the batch runs again")
+        text, retriable = then
+        raise CheckpointDeclinedError(text.format(cid=cid, sink=self.log.sink_id, reason=reason), retriable=retriable)
 
     def _bind_query(self, checkpoint_id: int, acks: Sequence[Ack]) -> None:
         """Invariant 6: the acks' query must be the log's; otherwise abort them and refuse."""
@@ -662,7 +694,7 @@ class CheckpointCoordinator:
                 _log.warning("checkpoint_superseded", sink_id=self.log.sink_id, checkpoint_id=cid, highest=highest)
             return outcome
         elif isinstance(action, TakeAcks):
-            return self._take_acks(call)
+            return self._take_acks(call, write_job=event is Event.WRITE_JOB_COMMIT)
         elif isinstance(action, Outcome):
             if event is Event.BATCH_COMMIT and action.outcome is CommitOutcome.ALREADY_COMMITTED:
                 _log.info("batch_already_committed", sink_id=self.log.sink_id, checkpoint_id=cid,

@@ -99,7 +99,7 @@ from typing import Any, Iterator, Optional, Sequence
 from twophase._logging import get_logger
 from twophase.coordinator import CheckpointCoordinator
 from twophase.decisions import CommitOutcome
-from twophase.errors import CommitFailedError, ConcurrentWriterError, ConfigurationError
+from twophase.errors import CheckpointDeclinedError, CommitFailedError, ConcurrentWriterError, ConfigurationError
 from twophase.log import CheckpointRecord, LogView, TransactionLog, _same_version, decode_record, encode_record
 from twophase.options import Option, parse_duration_ms
 from twophase.sink import Ack, Guarantee, SinkSpec
@@ -640,6 +640,11 @@ def commit_write_job(job: WriteJob, acks: Sequence[Optional[Ack]]) -> Optional[C
                 break
             if rec is None or rec.state is not CheckpointState.COMPLETED:
                 _bookkeeping(job, "commit failed before the decision")
+                if isinstance(e, CheckpointDeclinedError):  # e.g. a sink's check_prepared found prepared data gone
+                    _log.warning("write_job_declined", sink_id=job.spec.sink_id, write_id=job.write_id,
+                                 run=job.checkpoint_id, error=str(e),
+                                 consequence="nothing of this write was committed; nobody re-runs a batch write: "
+                                             "the job must be re-run")
                 raise
             if attempt == COMMIT_ATTEMPTS:
                 _log.error("write_job_commit_failed_after_decision", sink_id=job.spec.sink_id, write_id=job.write_id,

@@ -18,6 +18,13 @@ Invariants (``test_committer_invN_*``):
    them itself when no checkpoint can own them any more (failover, cancel): see
    :meth:`abort_transactions`.
 3. Recovery (``recovering=True``) and lingering cleanup reach every sink's own committer unchanged.
+4. ``check_prepared`` (before a decision) asks each sink's own ``check_prepared`` about the wrapped
+   transactions of the checkpoint that no decided checkpoint owns: a task handle lists the checkpoint each
+   transaction was pre-committed at (``at``), and a transaction pre-committed at or before a checkpoint
+   this committer was asked to commit belongs to that decided checkpoint (every task acks every completed
+   checkpoint with every transaction it holds), so it is never checked (it is committed: Kafka's broker
+   describes it CompleteCommit, which the check would name gone) even when a sink task carried it into a
+   later ack before the notification reached it.
 """
 
 from __future__ import annotations
@@ -36,6 +43,8 @@ class JobCommitter(SinkCommitter[Mapping[str, Any]]):
     def __init__(self, sinks: Mapping[str, SinkSpec[Any]]) -> None:
         self.sinks = dict(sinks)
         self.committers: dict[str, SinkCommitter[Any]] = {uid: s.create_committer() for uid, s in self.sinks.items()}
+        #: the highest checkpoint handed to :meth:`commit_checkpoint` (decided: the coordinator commits in order)
+        self.decided_up_to: Optional[int] = None
 
     def decode(self, handle: Mapping[str, Any]) -> Mapping[str, Any]:  # type: ignore[override]
         """A task handle is a routing envelope; its ``txns`` are decoded by each sink's committer."""
@@ -62,8 +71,27 @@ class JobCommitter(SinkCommitter[Mapping[str, Any]]):
         return CommitResult(committable, CommitStatus.ALREADY_COMMITTED if already  # type: ignore[arg-type]
                             else CommitStatus.COMMITTED)
 
+    def check_prepared(self, checkpoint_id: int, committables: Sequence[Mapping[str, Any]]) -> list[str]:
+        """Each sink's own check of the undecided wrapped transactions of the checkpoint (invariant 4)."""
+        decided = self.decided_up_to
+        by_sink: dict[str, list[Mapping[str, Any]]] = {}
+        for h in committables:
+            txns = list(h.get("txns") or ())
+            at = list(h.get("at") or ())
+            if decided is not None and len(at) == len(txns):
+                txns = [t for t, c in zip(txns, at) if c > decided]
+            if txns:
+                by_sink.setdefault(h["sink"], []).extend(txns)
+        out: list[str] = []
+        for uid, inner in by_sink.items():
+            c = self.committers[uid]
+            out.extend(c.check_prepared(checkpoint_id, [c.decode(t) for t in inner]))
+        return out
+
     def commit_checkpoint(self, checkpoint_id: int, committables: Sequence[Mapping[str, Any]], *,
                           recovering: bool = False) -> list[CommitResult[Any]]:
+        if self.decided_up_to is None or checkpoint_id > self.decided_up_to:  # invariant 4: decided
+            self.decided_up_to = checkpoint_id
         out: list[CommitResult[Any]] = []
         for uid, inner in self._by_sink(committables).items():  # invariant 1
             c = self.committers[uid]

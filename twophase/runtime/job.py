@@ -25,6 +25,16 @@ Invariants (``test_job_invN_*``):
 3. Checkpoint ids only grow, across attempts and processes (each run continues after the log's
    highest id).
 4. Only the runner thread talks to the coordinator.
+5. A checkpoint is decided only after every sink confirmed, once every ack is in, that its prepared
+   transactions still exist (coordinator invariant 4, ``SinkCommitter.check_prepared``; a decided
+   checkpoint is never asked). One named gone (Kafka's broker aborted it after
+   ``transaction.timeout.ms``) is never decided: its record is ABORTED and the attempt fails over like a
+   task failure (logged ``checkpoint_failover``, counted in ``JobMetrics.failovers``): the sinks abort the
+   transactions of every undecided checkpoint, the sources rewind to the latest completed checkpoint's
+   positions and the records are written again into new transactions, so none is lost or doubled.
+   (Declining alone would carry the dead transaction into the next checkpoint.) A check that fails
+   transiently declines the checkpoint: its transactions are carried into the next one and checked
+   again; more failed checkpoints in a row than ``tolerable_failures`` fail over.
 """
 
 from __future__ import annotations
@@ -90,6 +100,8 @@ class JobMetrics:
     failures: list[str] = field(default_factory=list)
     recovery_times_s: list[float] = field(default_factory=list)  # failure -> first new completed checkpoint
     records_out: int = 0
+    #: checkpoints not decided because a sink named a prepared transaction gone; each failed over (invariant 5)
+    failovers: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -333,7 +345,7 @@ class _Attempt:
         kind, tid = msg[0], msg[1]
         if kind == T.ACK:
             _, _, cid, attempt_uid, handle, state = msg
-            self.coord.acknowledge(Ack(cid, tid, attempt_uid, handle), task_state=state)
+            self.acknowledge(Ack(cid, tid, attempt_uid, handle), state)
         elif kind == T.FAILED:
             raise _AttemptFailed(msg[2], f"task {tid}")
         elif kind == T.INPUTS_ENDED:
@@ -349,7 +361,22 @@ class _Attempt:
 
     def _ack_for_finished(self, cid: int, tid: str) -> None:
         handle = {"task": tid, "txns": []}
-        self.coord.acknowledge(Ack(cid, tid, "finished", handle), task_state=self.finished[tid])
+        self.acknowledge(Ack(cid, tid, "finished", handle), self.finished[tid])
+
+    def acknowledge(self, ack: Ack, state: Any) -> None:
+        """Hand an ack to the coordinator; the last one of a checkpoint whose prepared data a sink named gone
+        (the coordinator declined it: CheckpointDeclinedError, its record ABORTED) fails over (invariant 5)."""
+        try:
+            self.coord.acknowledge(ack, task_state=state)
+        except CheckpointDeclinedError as e:
+            cid = ack.checkpoint_id
+            self.runner.metrics.failovers.append(cid)
+            latest = self.coord.latest_completed()
+            _log.warning("checkpoint_failover", job=self.runner.graph.name, attempt=self.runner.attempt,
+                         checkpoint_id=cid, restore_from=latest.checkpoint_id if latest else None, reason=str(e),
+                         consequence="not decided (ABORTED); the sinks abort the transactions of every undecided "
+                                     "checkpoint and the job restarts from its latest completed checkpoint")
+            raise _AttemptFailed(e, f"checkpoint {cid}: prepared data gone") from e
 
     # -- periodic work
     def tick(self) -> Optional[JobResult]:

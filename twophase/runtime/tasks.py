@@ -405,7 +405,9 @@ class SinkTask(InputTask):
             self._begin()
 
     def ack(self, checkpoint_id: int, channel_state: Optional[dict[int, list]]) -> None:
-        handle = {"task": self.tid, "sink": self.uid, "txns": [h for _, h in self.uncommitted]}
+        # "at": the checkpoint each transaction was pre-committed at (committer invariant 4)
+        handle = {"task": self.tid, "sink": self.uid, "txns": [h for _, h in self.uncommitted],
+                  "at": [c for c, _ in self.uncommitted]}
         self.send_ack(checkpoint_id, handle, {"op": None, "channels": _channel_state_json(channel_state)})
 
     def handle_control(self, kind: str, arg: Any) -> None:
