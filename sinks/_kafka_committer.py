@@ -13,7 +13,7 @@ from twophase._logging import get_logger
 from twophase.errors import ConfigurationError, TransientSinkError
 from twophase.sink import CommitResult, CommitStatus, Guarantee, SinkCommitter
 
-from twophase.sinks.kafka import BLOCK_AGE_FRACTION, SINK, WARN_AGE_FRACTION, KafkaCommittable, KafkaSink
+from twophase.sinks.kafka import SINK, KafkaCommittable, KafkaSink
 
 _log = get_logger('twophase.sinks.kafka')  # the public module's logger name: users' log filters keep working
 
@@ -50,7 +50,8 @@ class KafkaCommitter(SinkCommitter[KafkaCommittable]):
             _log.info("commit_already_done", transactional_id=c.transactional_id, checkpoint_id=c.checkpoint_id)
             self.sink._forget(c.transactional_id, int(c.epoch))
             return CommitResult(c, CommitStatus.ALREADY_COMMITTED)
-        age_s = time.time() - float(c.began_at if c.began_at is not None else time.time())
+        age = c.age()
+        age_s = age.age_ms / 1000 if age is not None else 0.0
         try:
             location = self.sink.log_location()
         except ConfigurationError:
@@ -89,7 +90,7 @@ class KafkaCommitter(SinkCommitter[KafkaCommittable]):
         now = time.time()                                # after the describe, which may have waited for a coordinator
         gone: dict[str, str] = {}
         for c in live:
-            age_s = now - float(c.began_at) if c.began_at else None
+            age = c.age(now)
             st = None if states is None else states.get(c.transactional_id)
             if states is not None and not (st is not None and st.state == "Ongoing"
                                            and (st.producer_id, st.epoch) == (int(c.producer_id), int(c.epoch))):
@@ -97,14 +98,12 @@ class KafkaCommitter(SinkCommitter[KafkaCommittable]):
                     f"task {c.task_id}: the prepared transaction {c.transactional_id!r} (producer id "
                     f"{c.producer_id}, epoch {c.epoch}) was already ended by the broker (now: {st}): expired after "
                     f"kafka.transaction.timeout.ms={c.timeout_ms} ms"
-                    + (f" (age {age_s:.1f}s)" if age_s is not None else "") + ", or fenced")
-            elif age_s is not None and c.timeout_ms:
-                timeout_s = float(c.timeout_ms) / 1000
-                if age_s >= timeout_s - min(2.0, timeout_s / 10):
-                    gone[c.transactional_id] = (
-                        f"task {c.task_id}: the prepared transaction {c.transactional_id!r} is {age_s:.1f}s old, at "
-                        f"the end of kafka.transaction.timeout.ms={c.timeout_ms} ms (the broker aborts it at its "
-                        "next check, likely before its EndTxn)")
+                    + (f" (age {age.age_ms / 1000:.1f}s)" if age is not None else "") + ", or fenced")
+            elif age is not None and age.expiring:
+                gone[c.transactional_id] = (
+                    f"task {c.task_id}: the prepared transaction {c.transactional_id!r} is {age.age_ms / 1000:.1f}s old, "
+                    f"at the end of kafka.transaction.timeout.ms={c.timeout_ms} ms (the broker aborts it at its next "
+                    "check, likely before its EndTxn)")
         if gone:
             _log.warning("prepared_transactions_gone", checkpoint_id=checkpoint_id, transactional_ids=sorted(gone),
                          consequence="the batch is declined before the decision and runs again")
@@ -118,12 +117,11 @@ class KafkaCommitter(SinkCommitter[KafkaCommittable]):
 
         A commit made by recovery (the driver restarted after an outage) measures the outage, not the batch:
         it warns with the age reached and never raises the alarm that would stop the next, healthy batch."""
-        began, timeout = committable.began_at, committable.timeout_ms
-        if not began or not timeout:
+        timeout = committable.timeout_ms
+        age = committable.age()
+        if age is None or not age.warns:
             return
-        age_ms = (time.time() - float(began)) * 1000
-        if age_ms <= WARN_AGE_FRACTION * float(timeout):
-            return
+        age_ms = age.age_ms
         if recovering:
             _log.warning("transaction_aged_by_outage", transactional_id=committable.transactional_id,
                          checkpoint_id=committable.checkpoint_id, age_ms=round(age_ms), transaction_timeout_ms=timeout,
@@ -134,7 +132,7 @@ class KafkaCommitter(SinkCommitter[KafkaCommittable]):
                      checkpoint_id=committable.checkpoint_id, age_ms=round(age_ms), transaction_timeout_ms=timeout,
                      hint="raise kafka.transaction.timeout.ms (and the brokers' transaction.max.timeout.ms) "
                           "or make batches shorter")
-        if age_ms > BLOCK_AGE_FRACTION * float(timeout):
+        if age.blocks:
             self.sink._raise_alarm(committable, age_ms, timeout)
             _log.error("transaction_timeout_danger", transactional_id=committable.transactional_id,
                        checkpoint_id=committable.checkpoint_id, age_ms=round(age_ms),

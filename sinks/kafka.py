@@ -166,6 +166,39 @@ _log = get_logger(__name__)
 #: invariant 7: a handle older than these fractions of the timeout at commit warns / blocks the next batch
 WARN_AGE_FRACTION = 0.25
 BLOCK_AGE_FRACTION = 0.5
+#: invariant 7: before the decision, a transaction within min(EXPIRY_MARGIN_MS, EXPIRY_MARGIN_FRACTION) of its
+#: timeout is taken as expired (the broker aborts it at its next check, likely before the EndTxn arrives)
+EXPIRY_MARGIN_MS = 2000.0
+EXPIRY_MARGIN_FRACTION = 0.1
+
+
+@dataclass(frozen=True)
+class TransactionAge:
+    """Invariant 7: a prepared transaction's measured age (from before ``init_transactions``, so never below the
+    broker's) against its transaction timeout: the one arithmetic behind the commit's warning and alarm
+    (:meth:`KafkaCommitter._check_age`) and the check before the decision (:meth:`KafkaCommitter.check_prepared`).
+    A timeout of 0 or unknown is never near."""
+
+    age_ms: float
+    timeout_ms: float
+
+    @property
+    def warns(self) -> bool:
+        """Older than :data:`WARN_AGE_FRACTION` of the timeout: the commit warns."""
+        return self.timeout_ms > 0 and self.age_ms > WARN_AGE_FRACTION * self.timeout_ms
+
+    @property
+    def blocks(self) -> bool:
+        """Older than :data:`BLOCK_AGE_FRACTION` of the timeout: the commit raises the alarm (next batch refused)."""
+        return self.timeout_ms > 0 and self.age_ms > BLOCK_AGE_FRACTION * self.timeout_ms
+
+    @property
+    def expiring(self) -> bool:
+        """Within ``min(2 s, 10 %)`` of the timeout: check_prepared declines the batch before the decision."""
+        margin = min(EXPIRY_MARGIN_MS, EXPIRY_MARGIN_FRACTION * self.timeout_ms)
+        return self.timeout_ms > 0 and self.age_ms >= self.timeout_ms - margin
+
+
 #: invariant 7: the alarm is the object ALARM_OBJECT of a store of its own at ``<log location>/ALARM_STORE``:
 #: a commit raises it while the coordinator holds the log's lock, so it must not need that lock
 ALARM_STORE = "timeout-alarm"
@@ -211,6 +244,14 @@ class KafkaCommittable(Committable):
     timeout_ms: Optional[int] = None
     producer_id: Optional[int] = None
     epoch: Optional[int] = None
+
+    def age(self, now: Optional[float] = None) -> Optional[TransactionAge]:
+        """Invariant 7: this transaction's age at ``now`` (wall clock, default the current time) against its
+        timeout; None when its start was not recorded."""
+        if not self.began_at:
+            return None
+        return TransactionAge(((time.time() if now is None else now) - float(self.began_at)) * 1000,
+                              float(self.timeout_ms or 0))
 
 
 class KafkaSink(SinkSpec[KafkaCommittable]):
