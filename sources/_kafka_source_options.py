@@ -5,6 +5,7 @@ asked for; no client is created here."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 import json
 import logging
@@ -90,6 +91,122 @@ _RESERVED = {
     "value.deserializer": "key and value are returned as binary; cast them in Spark",
 }
 
+#: ``kafka.*`` names kafka-python's argument table does not list but :func:`twophase._kafka.kafka_python_config`
+#: takes (mapped by it: JAAS, OAUTHBEARER / MSK IAM, PEM stores, bootstrap servers)
+_MAPPED_NAMES = ("bootstrap.servers", "sasl.jaas.config", "sasl.login.callback.handler.class",
+                 "sasl.client.callback.handler.class", "ssl.key.password")
+_MAPPED_PREFIXES = ("sasl.oauthbearer.", "ssl.keystore.", "ssl.truststore.")
+#: librdkafka consumer properties the source sets itself (its reader's contract), never the user's
+_RDKAFKA_SOURCE_OWN = {
+    "group.id": "use option 'kafka.group.id' or 'groupIdPrefix'",
+    "enable.auto.offset.store": "the source tracks offsets itself; no consumer group is used",
+    "enable.partition.eof": "the source's reader needs the end-of-partition events",
+    "auto.offset.reset": "use option 'startingOffsets'",
+}
+#: librdkafka-only names of connection and security settings: the driver's kafka-python connections (offsets,
+#: topic checks) must use them too, so they are taken under their Spark / kafka-python names only
+_RDKAFKA_CONNECTION_PREFIXES = ("security.", "sasl.", "ssl.", "bootstrap.", "metadata.broker.list")
+
+
+def _kafka_python_takes(name: str, defaults: Mapping[str, Any]) -> bool:
+    """Whether option ``kafka.<name>`` is one kafka-python's consumer settings (or twophase's mapping) take."""
+    return (name in _MAPPED_NAMES or name.startswith(_MAPPED_PREFIXES) or name in _RESERVED
+            or name.replace(".", "_") in defaults)
+
+
+def _librdkafka_verdict(name: str, value: Any) -> Optional[str]:
+    """What librdkafka (the confluent-kafka installed here) says of consumer property ``name=value``: None if it
+    takes it, else its reason ("No such configuration property", "Invalid value ...", "a producer property").
+    A consumer is configured, never connected (no bootstrap servers), and closed at once."""
+    from confluent_kafka import Consumer, KafkaException
+    warnings: list[str] = []
+
+    class _Seen(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            warnings.append(record.getMessage())
+    quiet = logging.getLogger(f"{LIBRDKAFKA_LOGGER}.option-check")
+    quiet.propagate, seen = False, _Seen()
+    quiet.addHandler(seen)
+    try:
+        consumer = Consumer({"group.id": "twophase-option-check", name: value, "logger": quiet})
+        consumer.close()
+    except KafkaException as e:
+        return e.args[0].str() if e.args and hasattr(e.args[0], "str") else str(e)
+    except (TypeError, ValueError) as e:
+        return str(e)
+    finally:
+        quiet.removeHandler(seen)
+    producer_only = [w for w in warnings if "is a producer property" in w]
+    return "a producer property, ignored by a consumer" if producer_only else None
+
+
+def _client_versions() -> str:
+    try:
+        import confluent_kafka
+        version, lib = confluent_kafka.version(), confluent_kafka.libversion()
+        return (f"confluent-kafka {version[0] if isinstance(version, tuple) else version}, "
+                f"librdkafka {lib[0] if isinstance(lib, tuple) else lib}")
+    except Exception:  # noqa: BLE001 - informational  # pragma: no cover
+        return "confluent-kafka"
+
+
+def split_client_options(kraw: Mapping[str, Any], defaults: Mapping[str, Any], client: str
+                         ) -> tuple[dict[str, Any], dict[str, str]]:
+    """``kafka.*`` options checked against the reader actually used (option kafkaClient): (the options kafka-python
+    takes, for :func:`~twophase._kafka.kafka_python_config`; the librdkafka-only consumer properties, passed to the
+    librdkafka reader as given).
+
+    With kafkaClient=librdkafka, an option kafka-python does not know (``kafka.queued.min.messages``,
+    ``kafka.fetch.wait.max.ms``) is taken when librdkafka takes it as a consumer property (asked of the installed
+    library: name and value); it configures the executors' readers only (the driver's offset queries run on
+    kafka-python). Refused, the option, the client and the fix named: a name or value librdkafka refuses, a
+    producer property, a property the source sets itself, and librdkafka-only connection / security names (the
+    driver's connections need them too: give their Spark names). With kafkaClient=kafka-python, an option
+    kafka-python does not know is refused, and when librdkafka knows it the error says so (set
+    kafkaClient=librdkafka)."""
+    taken: dict[str, Any] = {}
+    extra: dict[str, str] = {}
+    for key, value in kraw.items():
+        name = key[len("kafka."):] if key.startswith("kafka.") else key
+        if not key.startswith("kafka.") or _kafka_python_takes(name, defaults):
+            taken[key] = value
+            continue
+        if client == "kafka-python":
+            hint = ""
+            try:
+                if _librdkafka_verdict(name, str(value)) is None:
+                    hint = (f"; {name!r} is a librdkafka consumer property: set option kafkaClient=librdkafka (the "
+                            "default reader, confluent-kafka) to use it")
+            except ImportError:  # pragma: no cover - confluent-kafka not installed: no hint
+                pass
+            raise ConfigurationError(
+                f"{SOURCE}: option {key!r} is not a kafka-python consumer setting ({name.replace('.', '_')!r}), and the "
+                f"reader in use is kafka-python (option kafkaClient=kafka-python){hint}; otherwise drop it, or use the "
+                "name of one of kafka-python's KafkaConsumer settings (kafka.<setting with dots>)")
+        if name in _RDKAFKA_SOURCE_OWN:
+            raise ConfigurationError(f"{SOURCE}: option {key!r} (a librdkafka property, kafkaClient=librdkafka) cannot "
+                                     f"be set: {_RDKAFKA_SOURCE_OWN[name]}")
+        if name.startswith(_RDKAFKA_CONNECTION_PREFIXES):
+            raise ConfigurationError(
+                f"{SOURCE}: option {key!r} is a librdkafka-only connection setting (kafkaClient=librdkafka); the "
+                "driver's Kafka connections (kafka-python) need it too, so give it under its Spark / kafka-python name "
+                "(e.g. kafka.sasl.plain.username, kafka.ssl.cafile, kafka.security.protocol), which twophase maps to "
+                "librdkafka's")
+        from twophase._versions import require
+        require("confluent-kafka", what=f"{SOURCE}'s option {key!r} (a librdkafka property: kafkaClient=librdkafka)")
+        verdict = _librdkafka_verdict(name, str(value))
+        if verdict is not None:
+            from twophase._redact import MASK, is_secret_name, redact_text
+            shown = MASK if is_secret_name(key) else redact_text(repr(value))
+            raise ConfigurationError(
+                f"{SOURCE}: option {key!r}={shown} is refused by the reader in use, librdkafka (option "
+                f"kafkaClient=librdkafka; {_client_versions()}): {verdict}. It is not a kafka-python setting either; "
+                "fix the name or value against librdkafka's consumer properties (CONFIGURATION.md of that version) or "
+                "kafka-python's KafkaConsumer settings, or drop it")
+        extra[name] = str(value)
+    return taken, extra
+
+
 #: options of a stream only: a batch read (spark.read) ignores them, as Spark does, with a warning
 _STREAM_ONLY = ("maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay")
 
@@ -149,6 +266,9 @@ class KafkaSourceOptions:
     client: str = "librdkafka"
     #: a batch read (spark.read): startingOffsets defaults to earliest, endingOffsets applies
     batch: bool = False
+    #: librdkafka-only consumer properties (``kafka.queued.min.messages``, ...) given with kafkaClient=librdkafka:
+    #: the executors' librdkafka readers take them as given (:func:`split_client_options`)
+    librdkafka_extra: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_options(cls, raw: Mapping[str, Any], *, batch: bool = False) -> "KafkaSourceOptions":
@@ -173,13 +293,22 @@ class KafkaSourceOptions:
         if not str(kraw.get("kafka.bootstrap.servers") or "").strip():
             raise ConfigurationError(f"{SOURCE}: option 'kafka.bootstrap.servers' is required, e.g. "
                                      ".option('kafka.bootstrap.servers', 'host1:9092')")
+        kraw, librdkafka_extra = split_client_options(kraw, KafkaConsumer.DEFAULT_CONFIG, o["kafkaClient"])
         cfg = kafka_python_config(kraw, KafkaConsumer.DEFAULT_CONFIG, what=SOURCE, reserved=_RESERVED)
         cfg.setdefault("isolation_level", "read_committed")
         if cfg["isolation_level"] not in ("read_committed", "read_uncommitted"):
             raise ConfigurationError(f"{SOURCE}: kafka.isolation.level must be read_committed or read_uncommitted")
         group_id, librdkafka_group_id = cls._group_ids(cfg.pop("group_id", None), o["groupIdPrefix"])
         if o["kafkaClient"] == "librdkafka":
-            librdkafka_config(cfg, what=SOURCE, consumer=True)  # every setting must have a librdkafka counterpart
+            mapped = librdkafka_config(cfg, what=SOURCE, consumer=True)  # every setting needs a librdkafka counterpart
+            for name, value in librdkafka_extra.items():
+                if name in mapped and str(mapped[name]) != value:
+                    from twophase._kafka import _RDKAFKA_CONSUMER_NAMES, _RDKAFKA_NAMES
+                    spark = {v: k for k, v in {**_RDKAFKA_NAMES, **_RDKAFKA_CONSUMER_NAMES}.items()}.get(name)
+                    other = f"kafka.{spark.replace('_', '.')}" if spark else "another kafka.* option"
+                    raise ConfigurationError(f"{SOURCE}: options 'kafka.{name}' (librdkafka's name) and {other!r} "
+                                             "(its Spark / kafka-python name) set the same librdkafka property to "
+                                             f"different values ({value!r}, {mapped[name]!r}); give one of them")
         chosen = [k for k in ("subscribe", "subscribePattern", "assign") if o[k]]
         if len(chosen) != 1:
             raise ConfigurationError(f"{SOURCE}: give exactly one of options 'subscribe' (topics), 'subscribePattern' "
@@ -221,7 +350,8 @@ class KafkaSourceOptions:
                    poll_timeout_ms=cls._poll_timeout(o), fail_on_data_loss=o["failOnDataLoss"],
                    fetch_offset_retries=o["fetchOffset.numRetries"],
                    fetch_offset_retry_interval_ms=o["fetchOffset.retryIntervalMs"],
-                   group_id=group_id, librdkafka_group_id=librdkafka_group_id, client=o["kafkaClient"], batch=batch)
+                   group_id=group_id, librdkafka_group_id=librdkafka_group_id, client=o["kafkaClient"], batch=batch,
+                   librdkafka_extra=librdkafka_extra)
 
     @staticmethod
     def _ending(o: Mapping[str, Any]) -> Any:
@@ -276,7 +406,7 @@ class KafkaSourceOptions:
     def librdkafka_consumer_config(self) -> dict[str, Any]:
         """librdkafka consumer properties of an executor reader (see :class:`_RdKafkaPartition`)."""
         return {**RDKAFKA_CONSUMER_DEFAULTS, **librdkafka_config(self.consumer_config, what=SOURCE, consumer=True),
-                "group.id": self.librdkafka_group_id, "enable.auto.commit": False,
+                **self.librdkafka_extra, "group.id": self.librdkafka_group_id, "enable.auto.commit": False,
                 "enable.auto.offset.store": False, "enable.partition.eof": True, "auto.offset.reset": "error",
                 "logger": logging.getLogger(LIBRDKAFKA_LOGGER)}
 

@@ -389,3 +389,27 @@ def test_kafka_source_inv2_splits_cut_anywhere_yield_the_records_of_the_whole_ra
             assert got == expected
         finally:
             source.close()
+
+
+def test_kafka_source_librdkafka_only_options_are_taken_by_the_librdkafka_reader(kafka_bootstrap):
+    """``kafka.queued.min.messages`` / ``kafka.fetch.wait.max.ms`` are librdkafka consumer properties: with the
+    librdkafka reader (the default) they configure it and the range reads whole; with kafkaClient=kafka-python they
+    are refused, naming the option, the client and the fix (before: refused for both, 'not a kafka-python
+    setting')."""
+    from twophase.errors import ConfigurationError
+    topic = create_topic(kafka_bootstrap, unique("rdopt"), 2)
+    produce(kafka_bootstrap, topic, [b"v-%d" % i for i in range(50)])
+    raw = {"kafka.bootstrap.servers": kafka_bootstrap, "subscribe": topic, "startingOffsets": "earliest",
+           "kafka.queued.min.messages": "10", "kafka.fetch.wait.max.ms": "50"}
+    source = KafkaSource.from_options(raw)
+    try:
+        cfg = source.options.librdkafka_consumer_config()
+        assert (cfg["queued.min.messages"], cfg["fetch.wait.max.ms"]) == ("10", "50")
+        start = source.initial_offset()
+        rows = _read_all(source, start, source.latest_offset(start))
+        assert sorted(v for _p, _o, v in rows) == sorted(b"v-%d" % i for i in range(50))
+    finally:
+        source.close()
+    with pytest.raises(ConfigurationError, match=r"'kafka.queued.min.messages'.*kafkaClient=kafka-python.*"
+                                                 r"set option kafkaClient=librdkafka"):
+        KafkaSource.from_options({**raw, "kafkaClient": "kafka-python"})
