@@ -167,13 +167,14 @@ def completion_guard(sink: "PostgresSink", checkpoint_id: int, acks: Sequence[An
         try:
             for gid in gids:
                 with sink.waiting(f"the fence lock of '{gid}' (held by another run's dead-attempt rollback or "
-                                  "completer; a paused one holds it until it is resumed or killed)"):
+                                  "completer; a paused one holds it until it is resumed or killed)", conn):
                     conn.execute(f"SELECT pg_advisory_lock({_KEY})", (gid,))
-            prepared = {r[0] for r in conn.execute("SELECT gid FROM pg_prepared_xacts WHERE gid = ANY(%s)",
-                                                   (gids,)).fetchall()}
-            missing = [g for g in gids if g not in prepared]
-            committed = {r[0] for r in conn.execute(f"SELECT gid FROM {sink.marker} WHERE gid = ANY(%s)",
-                                                    (missing,)).fetchall()} if missing else set()
+            with sink.waiting(f"checking batch {checkpoint_id}'s prepared transactions before its commit", conn):
+                prepared = {r[0] for r in conn.execute("SELECT gid FROM pg_prepared_xacts WHERE gid = ANY(%s)",
+                                                       (gids,)).fetchall()}
+                missing = [g for g in gids if g not in prepared]
+                committed = {r[0] for r in conn.execute(f"SELECT gid FROM {sink.marker} WHERE gid = ANY(%s)",
+                                                        (missing,)).fetchall()} if missing else set()
         except psycopg.Error as e:
             raise sink._error(e, "locking the batch's prepared transactions for its commit") from None
         gone = [g for g in missing if g not in committed]

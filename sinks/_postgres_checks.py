@@ -249,7 +249,8 @@ class DestinationChecks:
                 raise ConfigurationError(f"foreach_batch(twophase-postgres): column {f.name!r} has Spark type "
                                          f"{f.dataType.simpleString()}, which has no exact form here: {_FIX_TYPES}") from None
         try:
-            cols = self.columns(self._driver_conn())
+            with self.waiting("reading the table's columns"):
+                cols = self.columns(self._driver_conn())
         except _psycopg().Error as e:
             raise self._error(e, "reading the table's columns") from None
         if not cols:

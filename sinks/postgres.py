@@ -27,9 +27,12 @@ Invariants (``test_pg_invN_*`` in ``integration/postgres/``):
    task and nothing of its transaction stays (rolled back before PREPARE).
 2. A repeated commit is ALREADY_COMMITTED, a lost one LOST: the gid is gone in both cases, but a committed
    transaction left its row in the marker table (written inside the same transaction), a rolled-back one did
-   not. The marker rows of checkpoints below the highest committed one are pruned by the sweep; a gid without its
-   marker whose checkpoint the log records COMMITTED with that gid is ALREADY_COMMITTED too (a zombie driver's
-   late commit of a batch a restarted driver committed, its marker pruned since).
+   not. The marker rows of checkpoints below the highest committed one are pruned by the sweep, which keeps
+   beside them what the log said of those checkpoints (sinks/_postgres_proof.py): a gid without its marker whose
+   checkpoint the log records COMMITTED with that gid, or whose record (removed by the log's retention since) the
+   sweep read COMMITTED, is ALREADY_COMMITTED too (a zombie driver's late commit of a batch a restarted driver
+   committed). A gone gid that neither proves committed nor lost is :class:`CommitOutcomeUnknownError`, never
+   LOST by a guess.
 3. ``abort`` is ``ROLLBACK PREPARED`` (or the open transaction's rollback); a missing gid is fine; it never
    touches committed rows (a committed gid no longer exists).
 4. The handle is ``{"gid": ...}``: the driver (or a recovering process) needs only the gid and the URL.
@@ -37,9 +40,10 @@ Invariants (``test_pg_invN_*`` in ``integration/postgres/``):
    the base's pending records, the rest found in ``pg_prepared_xacts`` by token and table digest); it warns
    (``postgres_prepared_transaction_old``) when one of its own is older than ``preparedWarnAfter`` seconds:
    a prepared transaction holds its locks and holds back VACUUM until it is committed or rolled back. A driver
-   statement (COMMIT / ROLLBACK PREPARED, the completion guard's fence locks) that waits on the server warns
-   (``postgres_statement_waiting``) every ``WAIT_WARN_S`` seconds: a paused server answers keepalives, so only the
-   server ends such a wait.
+   statement (COMMIT / ROLLBACK PREPARED, the marker reads, the sweeps, the checks, the completion guard's fence
+   locks) that waits on the server warns (``postgres_statement_waiting``) every ``WAIT_WARN_S`` seconds and is
+   abandoned after ``serverWaitTimeout`` (its socket shut down: a paused server answers keepalives), a retriable
+   error; an abandoned COMMIT PREPARED's gid is looked up before it is retried (sinks/_postgres_waits.py).
 6. Checked on the driver before any data moves (:meth:`PostgresSink.validate_destination`,
    :meth:`PostgresSink.check_spark_schema`): the server answers with these credentials,
    ``max_prepared_transactions > 0``, the table exists, the role may write it (and the marker table), every
@@ -57,7 +61,6 @@ import hashlib
 import io
 import re
 import threading
-import time
 from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 from twophase._logging import get_logger
@@ -65,13 +68,14 @@ from twophase._redact import redact_text, redact_values
 from twophase.errors import (ConfigurationError, ConstraintViolationError, DataLossError, LogCorruptError,
                              TransientSinkError)
 from twophase.sink import CommitStatus, Guarantee, TransactionContext, sink_token
-from twophase.states import CheckpointState
 from twophase.user_sink import TwoPhaseCommitSink, _UserCommitter
 
 from twophase.sinks._postgres_checks import DestinationChecks, _psycopg, _quote_ident
 from twophase.sinks._postgres_copy import binary_types, encode_binary
 from twophase.sinks._postgres_attempts import (attempt_segment, completion_guard, new_run_token, rollback_aborted,
                                                rollback_dead)
+from twophase.sinks._postgres_proof import CommitOutcomeUnknownError, prune_markers, settle_gone
+from twophase.sinks._postgres_waits import WATCHER
 
 _log = get_logger(__name__)
 
@@ -155,7 +159,8 @@ class PostgresSink(DestinationChecks, TwoPhaseCommitSink[dict]):
     when every column's type has a binary form, else CSV: sinks/_postgres_copy.py) or ``csv``; ``lockTimeout`` seconds a task waits for a row or table lock
     (60; a prepared transaction of the same batch holding a key another task upserts waits until its commit:
     partition upserted streams by the keys); ``preparedWarnAfter`` seconds (300); ``markerTable`` (default
-    ``<schema>._twophase_commits``).
+    ``<schema>._twophase_commits``); ``serverWaitTimeout`` seconds a driver statement waits on a server that does
+    not answer before it is abandoned with a retriable error (600).
     """
 
     #: the sweep also reads pg_prepared_xacts: after each commit too (a lingering prepared transaction holds locks)
@@ -164,7 +169,7 @@ class PostgresSink(DestinationChecks, TwoPhaseCommitSink[dict]):
     def __init__(self, url: str, table: str, *, mode: str = "append", upsertKeys: Union[str, Sequence[str], None] = None,
                  batchSize: Union[int, str] = 10000, lockTimeout: Union[float, str] = 60,
                  preparedWarnAfter: Union[float, str] = 300, markerTable: Optional[str] = None,
-                 copyFormat: str = "auto", **kw: Any) -> None:
+                 copyFormat: str = "auto", serverWaitTimeout: Union[float, str] = 600, **kw: Any) -> None:
         super().__init__(**kw)
         if not isinstance(url, str) or not url.strip():
             raise ConfigurationError("twophase-postgres: option 'url' is required: a libpq URI, "
@@ -183,6 +188,12 @@ class PostgresSink(DestinationChecks, TwoPhaseCommitSink[dict]):
         self.batch_size = int(_int_option("batchSize", batchSize, 1))
         self.lock_timeout = _int_option("lockTimeout", lockTimeout, 0)
         self.prepared_warn_after = _int_option("preparedWarnAfter", preparedWarnAfter, 0)
+        #: seconds a driver statement waits on the server before it is abandoned (sinks/_postgres_waits.py)
+        self.server_wait_timeout = _int_option("serverWaitTimeout", serverWaitTimeout, 0)
+        if not self.server_wait_timeout > 0:  # NaN too
+            raise ConfigurationError(f"twophase-postgres: option 'serverWaitTimeout' must be a number of seconds > 0 "
+                                     f"(how long a driver statement waits on a server that does not answer before it "
+                                     f"is abandoned; default 600), got {serverWaitTimeout!r}")
         self.copy_format = str(copyFormat).strip().lower()
         if self.copy_format not in ("auto", "csv"):
             raise ConfigurationError(f"twophase-postgres: option 'copyFormat' must be 'auto' (binary COPY when every "
@@ -203,9 +214,11 @@ class PostgresSink(DestinationChecks, TwoPhaseCommitSink[dict]):
         self._lock = threading.Lock()
         self._open: dict[str, Any] = {}  # gid -> {"conn", "prepared", "stage", "columns"}
         self._driver: Any = None
+        #: gids whose COMMIT PREPARED was sent and not answered (abandoned, or in flight): looked up before a retry
+        self._abandoned: set = set()
 
     def __getstate__(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k not in ("_lock", "_open", "_driver")}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_lock", "_open", "_driver", "_abandoned")}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -268,27 +281,49 @@ class PostgresSink(DestinationChecks, TwoPhaseCommitSink[dict]):
     WAIT_WARN_S = 30.0
 
     @contextlib.contextmanager
-    def waiting(self, doing: str) -> Iterator[None]:
-        """Warn ``postgres_statement_waiting`` every :attr:`WAIT_WARN_S` seconds while the block waits. Nothing
-        else ends such a wait: a stopped (SIGSTOP) or hung server's kernel answers TCP keepalives, a server-side
-        statement_timeout cannot fire in a stopped process, and a fence lock is waited for without a timeout (its
-        holder, another run's rollback or completer, releases it in a moment unless it is paused)."""
-        done = threading.Event()
-        start = time.monotonic()
+    def waiting(self, doing: str, conn: Any = None) -> Iterator[None]:
+        """Watch the block's statements on ``conn`` (default: the driver connection) by the process's one watcher
+        thread (sinks/_postgres_waits.py): warn ``postgres_statement_waiting`` every :attr:`WAIT_WARN_S` seconds
+        while it waits, and after option ``serverWaitTimeout`` abandon it: the connection's socket is shut down
+        (a stopped or hung server's kernel answers TCP keepalives and its statement_timeout cannot fire, so nothing
+        else ends such a wait), the connection discarded, and a retriable :class:`TransientSinkError` naming the
+        option raised. An abandoned statement's outcome is unknown: :meth:`commit` checks the gid again first."""
+        getter = (lambda: conn) if conn is not None else (lambda: self._driver)
+        deadline = float(getattr(self, "server_wait_timeout", 600.0))
+        with WATCHER.watch(doing, warn_s=self.WAIT_WARN_S, deadline_s=deadline, conn=getter,
+                           warn=self._warn_waiting) as w:
+            try:
+                yield
+            except Exception:
+                if not w.expired:
+                    raise
+                self._discard(getter())
+                raise TransientSinkError(
+                    f"twophase-postgres (sink {self.sink_id!r}, url {self.shown_url()}): {doing}: the server did not "
+                    f"answer within option 'serverWaitTimeout' ({deadline:g} s), so the statement was abandoned and "
+                    "its connection closed. The server is paused, hung or cut off by a network partition; the "
+                    "statement's outcome is unknown and is checked again before the next attempt acts (retried). "
+                    "Raise serverWaitTimeout if the server's pauses are longer") from None
+            if w.expired:  # answered just as the deadline fired: the result stands, the connection is unusable
+                self._discard(getter())
 
-        def watch() -> None:
-            while not done.wait(self.WAIT_WARN_S):
-                _log.warning("postgres_statement_waiting", sink_id=self.sink_id, doing=doing,
-                             waited_s=round(time.monotonic() - start, 1), url=self.shown_url(),
-                             consequence="the server has not answered (paused, overloaded, a network partition, or a "
-                                         "lock held by a paused process); it goes on when the server answers")
+    def _warn_waiting(self, doing: str, waited: float) -> None:
+        _log.warning("postgres_statement_waiting", sink_id=self.sink_id, doing=doing, waited_s=round(waited, 1),
+                     url=self.shown_url(), deadline_s=getattr(self, "server_wait_timeout", None),
+                     consequence="the server has not answered (paused, overloaded, a network partition, or a lock "
+                                 "held by a paused process); abandoned after option serverWaitTimeout")
 
-        watcher = threading.Thread(target=watch, name="twophase-postgres-waiting", daemon=True)
-        watcher.start()
+    def _discard(self, conn: Any) -> None:
+        """Close ``conn`` (abandoned: its socket was shut down); the driver connection is reopened when next used."""
+        if conn is None:
+            return
+        with self._lock:
+            if self._driver is conn:
+                self._driver = None
         try:
-            yield
-        finally:
-            done.set()
+            conn.close()
+        except Exception:
+            pass
 
     def shown_url(self) -> str:
         """Option 'url' as it may be shown: the password masked (:mod:`twophase._redact`)."""
@@ -472,40 +507,51 @@ class PostgresSink(DestinationChecks, TwoPhaseCommitSink[dict]):
     # ---- driver hooks
 
     def commit(self, txn: dict) -> Optional[CommitStatus]:
+        """``COMMIT PREPARED`` (invariant 2). A gid gone from pg_prepared_xacts is ALREADY_COMMITTED when its commit is
+        proven, LOST (:class:`DataLossError`) when its loss is, else :class:`CommitOutcomeUnknownError`
+        (sinks/_postgres_proof.py). After an abandoned attempt (option serverWaitTimeout) the gid is looked up
+        before anything is run for it: the abandoned COMMIT PREPARED may have committed it meanwhile."""
         gid = txn["gid"]
         literal = _gid_literal(gid)
         psycopg = _psycopg()
         conn = self._driver_conn()
         with self.waiting(f"COMMIT PREPARED '{gid}'"):
             try:
-                conn.execute(f"COMMIT PREPARED {literal}")
-                return None
+                gone = gid in self._abandoned and conn.execute(  # re-check: pg_prepared_xacts, then the marker
+                    "SELECT 1 FROM pg_prepared_xacts WHERE gid = %s AND database = current_database()",
+                    (gid,)).fetchone() is None
+                if not gone:
+                    self._abandoned.add(gid)  # until the server answers: its outcome is unknown
+                    conn.execute(f"COMMIT PREPARED {literal}")
+                    self._abandoned.discard(gid)
+                    return None
             except psycopg.errors.UndefinedObject:
-                pass  # gone: committed before (its marker is there) or rolled back (it is not)
+                pass  # gone: committed before (proven below) or rolled back
             except psycopg.Error as e:
+                if not (conn.closed or getattr(conn, "broken", False)):
+                    self._abandoned.discard(gid)  # the server answered: this attempt left nothing half-done
                 raise self._error(e, f"COMMIT PREPARED '{gid}'") from None
+            self._abandoned.discard(gid)
+            cid = self.own_checkpoint(gid)
+            record = (self.transaction_log().get(cid)
+                      if cid is not None and self.guarantee is Guarantee.EXACTLY_ONCE else None)
             try:
-                found = conn.execute(f"SELECT 1 FROM {self.marker} WHERE gid = %s", (gid,)).fetchone()
+                verdict, why = settle_gone(self, conn, gid, cid if cid is not None else -1, record)
             except psycopg.Error as e:
                 raise self._error(e, f"reading the marker of {gid}") from None
-        if found or self._committed_in_log(gid):
+        if verdict == "committed":
+            _log.info("postgres_already_committed", sink_id=self.sink_id, gid=gid, proof=why)
             return CommitStatus.ALREADY_COMMITTED
-        raise DataLossError(
-            f"prepared transaction {gid} is not in pg_prepared_xacts and its marker is not in "
-            f"{self.marker_schema}.{self.marker_table}: it was rolled back (ROLLBACK PREPARED by an operator, or the "
-            "server's data directory restored) and its rows are not in the table")
-
-    def _committed_in_log(self, gid: str) -> bool:
-        """Whether the transaction log has ``gid``'s checkpoint COMMITTED with ``gid`` among its handles: COMMITTED is
-        written only after every handle's commit succeeded, so the gid was committed (by another driver: this one is
-        a zombie that woke after a restarted driver committed the batch, and the sweep pruned its marker since)."""
-        cid = self.own_checkpoint(gid)
-        if cid is None or self.guarantee is not Guarantee.EXACTLY_ONCE:  # at-least-once: no log (commits in the task)
-            return False
-        record = self.transaction_log().get(cid)
-        return (record is not None and record.state is CheckpointState.COMMITTED
-                and any(isinstance(h, dict) and (h.get("txn") or {}).get("gid") == gid
-                        for h in dict(record.handles).values()))
+        if verdict == "lost":
+            raise DataLossError(
+                f"prepared transaction {gid} is not in pg_prepared_xacts and its marker is not in "
+                f"{self.marker_schema}.{self.marker_table} ({why}): it was rolled back (ROLLBACK PREPARED by an "
+                "operator, or the server's data directory restored) and its rows are not in the table")
+        raise CommitOutcomeUnknownError(
+            f"twophase-postgres (sink {self.sink_id!r}, table {self.schema}.{self.table}): prepared transaction {gid} "
+            f"is not in pg_prepared_xacts and neither its commit nor its loss can be proven: {why}. Nothing was run "
+            f"for it. If this driver was paused (a zombie) while a restarted query went on, stop it: the restarted "
+            f"query committed or recorded the batch. Otherwise check the batch's rows in {self.schema}.{self.table}")
 
     def abort(self, txn: dict) -> None:
         gid = txn["gid"]
@@ -628,9 +674,9 @@ class _PostgresCommitter(_UserCommitter):
                 conn = sink._driver_conn()
                 # a newer checkpoint's may still be acked
                 aborted += sink.rollback_own_prepared(conn, lambda cid: cid <= up_to_checkpoint)
-                if highest_committed is not None:
-                    conn.execute(f"DELETE FROM {sink.marker} WHERE gid_prefix = %s AND checkpoint_id < %s",
-                                 (sink.gid_prefix, highest_committed))
+                if highest_committed is not None:  # with what the log says of them (sinks/_postgres_proof.py)
+                    prune_markers(sink, conn, highest_committed,
+                                  sink.transaction_log() if sink.guarantee is Guarantee.EXACTLY_ONCE else None)
                 sink.warn_old_prepared(conn)
         except psycopg.Error as e:
             raise sink._error(e, "sweeping lingering prepared transactions") from None
@@ -643,4 +689,4 @@ class _PostgresCommitter(_UserCommitter):
         pass  # the driver connection belongs to the sink (closed by PostgresSink.close)
 
 
-__all__ = ["MARKER_TABLE", "PostgresSink"]
+__all__ = ["MARKER_TABLE", "CommitOutcomeUnknownError", "PostgresSink"]
