@@ -345,8 +345,9 @@ class TxnClient:
         self-named "unknown"s are not) "unknown" waits until the stale one catches up and names the other (seconds
         after a resume; TransientSinkError if not within the deadline). Not covered: two brokers stale at
         once, paused together while a third took the partition over, one's stale metadata naming the other
-        (which answers "unknown"): it takes three brokers and two simultaneous pauses; the producer's own
-        init_transactions on that id would then meet the open transaction's coordinator only after both catch up.
+        (which answers "unknown"): it takes three or more brokers and two overlapping pauses that both began while
+        the same one led the partition (a 2-broker cluster cannot get there: with both fenced the partition has no
+        leader, so no transaction was opened elsewhere).
 
         Known ids cost nothing more; unknown ids (a query's first two checkpoints, a batch write's run) cost one
         round of lookups (usually one FindCoordinator) and a second DescribeTransactions.

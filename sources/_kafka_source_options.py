@@ -405,8 +405,10 @@ class KafkaSourceOptions:
 
     def librdkafka_consumer_config(self) -> dict[str, Any]:
         """librdkafka consumer properties of an executor reader (see :class:`_RdKafkaPartition`)."""
-        return {**RDKAFKA_CONSUMER_DEFAULTS, **librdkafka_config(self.consumer_config, what=SOURCE, consumer=True),
-                **self.librdkafka_extra, "group.id": self.librdkafka_group_id, "enable.auto.commit": False,
+        # applied in this order: the user's librdkafka-only properties before the mapped settings and the source's
+        # own, so that a librdkafka alias (auto.commit.enable, ...) never overrides what those set
+        return {**RDKAFKA_CONSUMER_DEFAULTS, **self.librdkafka_extra,
+                **librdkafka_config(self.consumer_config, what=SOURCE, consumer=True), "group.id": self.librdkafka_group_id, "enable.auto.commit": False,
                 "enable.auto.offset.store": False, "enable.partition.eof": True, "auto.offset.reset": "error",
                 "logger": logging.getLogger(LIBRDKAFKA_LOGGER)}
 

@@ -67,3 +67,12 @@ def test_kafka_python_settings_still_map_for_both_readers() -> None:
         assert o.consumer_config["fetch_max_wait_ms"] == 300 and o.librdkafka_extra == {}
     o = KafkaSourceOptions.from_options({**BASE, "kafka.fetch.max.wait.ms": "300", "kafka.fetch.wait.max.ms": "300"})
     assert o.librdkafka_consumer_config()["fetch.wait.max.ms"] in (300, "300")   # the same value twice: taken
+
+
+def test_a_librdkafka_alias_never_overrides_what_the_source_sets() -> None:
+    """``auto.commit.enable`` is librdkafka's alias of ``enable.auto.commit``, which the source sets to false: the
+    user's librdkafka-only properties are applied first, so the source's own setting wins."""
+    o = KafkaSourceOptions.from_options({**BASE, "kafka.auto.commit.enable": "true"})
+    keys = list(o.librdkafka_consumer_config())
+    assert keys.index("auto.commit.enable") < keys.index("enable.auto.commit")
+    assert o.librdkafka_consumer_config()["enable.auto.commit"] is False
