@@ -54,8 +54,11 @@ def _row(conn: Any, sink: "PostgresSink", gid: str) -> Optional[int]:
 
 
 def _put(conn: Any, sink: "PostgresSink", gid: str, checkpoint_id: int) -> None:
-    conn.execute(f"INSERT INTO {sink.marker} (gid, gid_prefix, checkpoint_id) VALUES (%s, %s, %s) ON CONFLICT (gid) "
-                 "DO UPDATE SET checkpoint_id = EXCLUDED.checkpoint_id", (gid, gid, checkpoint_id))
+    """Set a proof row (inside the sweep's transaction): DELETE and INSERT, the grants the marker table has
+    (SELECT, INSERT, DELETE; no UPDATE)."""
+    conn.execute(f"DELETE FROM {sink.marker} WHERE gid = %s", (gid,))
+    conn.execute(f"INSERT INTO {sink.marker} (gid, gid_prefix, checkpoint_id) VALUES (%s, %s, %s)",
+                 (gid, gid, checkpoint_id))
 
 
 def prune_markers(sink: "PostgresSink", conn: Any, highest_committed: int, log: Any) -> None:

@@ -23,11 +23,19 @@ from twophase.states import CheckpointState
 RETAIN = 2  # the log's retention (log.retain) of the restarted driver: small, so it is passed in a few batches
 
 
-def _zombie_then_restarted_driver(pg, tmp_path, sink_id: str, batches: int = 6, lose: bool = False):
+def _zombie_then_restarted_driver(pg, tmp_path, sink_id: str, batches: int = 6, lose: bool = False,
+                                  table: str = "", **kw):
     """Driver A records batch 0 COMPLETED and pauses (a zombie) before COMMIT PREPARED; driver B (restarted, log
     retention RETAIN) recovers batch 0 and commits batches 1..batches. ``lose``: an operator rolls A's gid back
     first; B's recovery finds it LOST, the operator records the loss (twophase log resolve --accept-loss)."""
-    table = pg.new_table("id bigint NOT NULL, v text", prefix="zret")
+    table = table or pg.new_table("id bigint NOT NULL, v text", prefix="zret")
+
+    def _sink(pg, tmp_path, table, sink_id):
+        s = PostgresSink(url=kw.get("url", pg.url), table=table, sink_id=sink_id,
+                         log_location=str(tmp_path / f"log-{sink_id}"), **{k: v for k, v in kw.items() if k != "url"})
+        s.validate_destination()
+        return s
+
     a = _sink(pg, tmp_path, table, sink_id=sink_id)
     ack = run_task(a, TransactionContext(a.sink_id, 0, "0"), [_rows([1])])
     log = a.transaction_log()
@@ -62,6 +70,26 @@ def test_pg_a_zombie_woken_after_the_logs_retention_removed_its_batch_is_already
     assert pg.ids(table) == [1, 2, 3, 4, 5, 6, 7]
     a.close()
     b.close()
+
+
+def test_pg_the_proof_rows_need_only_the_marker_tables_documented_grants(pg, tmp_path):
+    """The sweep writes its proof rows with the grants docs/postgres.md gives the writer role on the marker table
+    (SELECT, INSERT, DELETE: an upsert would need UPDATE too, and the recovery's sweep would fail on it)."""
+    table = pg.new_table("id bigint NOT NULL, v text", prefix="zgrant")
+    marker = f"public.m_{table.split('_', 1)[1]}"
+    pg.sql(f"CREATE TABLE {marker} (gid text PRIMARY KEY, gid_prefix text NOT NULL, checkpoint_id bigint NOT NULL, "
+           "prepared_at timestamptz NOT NULL DEFAULT now())")
+    url = pg.role("tp_lo_writer", "lo-writer-pw", f"GRANT INSERT ON {table} TO tp_lo_writer; "
+                  f"GRANT SELECT, INSERT, DELETE ON {marker} TO tp_lo_writer")
+    try:
+        _, a, b, ack = _zombie_then_restarted_driver(pg, tmp_path, "lo-zgrant", table=table, url=url,
+                                                     markerTable=marker)
+        assert testing.commit(a, ack.handle) is CommitStatus.ALREADY_COMMITTED
+        assert pg.ids(table) == [1, 2, 3, 4, 5, 6, 7]
+        a.close()
+        b.close()
+    finally:
+        pg.sql(f"DROP TABLE {marker}")
 
 
 def test_pg_a_zombie_whose_batch_was_lost_and_removed_by_retention_is_never_already_committed(pg, tmp_path):
