@@ -118,18 +118,85 @@ def _datafusion_context(batch: pa.RecordBatch) -> Any:
     require("datafusion", what=f"{SINK} on a table with CHECK constraints or generated columns")
     import datafusion
     ctx = datafusion.SessionContext()
-    ctx.register_record_batches("t", [[batch]])
+    # Spark resolves identifiers case-insensitively: the columns under their lower-case names, which is what
+    # DataFusion makes of unquoted identifiers, and _datafusion_sql of quoted ones
+    ctx.register_record_batches("t", [[batch.rename_columns([_lower(n) for n in batch.schema.names])]])
     return ctx
 
 
 def _violations(ctx: Any, expr: str) -> int:
-    table = ctx.sql(f"SELECT count(*) AS n FROM t WHERE NOT coalesce(({expr}), false)").to_arrow_table()
+    """Rows of table ``t`` for which the Spark SQL boolean ``expr`` is not TRUE."""
+    sql = _datafusion_sql(expr)
+    table = ctx.sql(f"SELECT count(*) AS n FROM t WHERE NOT coalesce(({sql}), false)").to_arrow_table()
     return int(table.column("n")[0].as_py())
 
 
-def _spark_sql(expr: str) -> str:
-    """The few Spark SQL spellings DataFusion writes differently (``<=>``)."""
-    return expr.replace("<=>", " IS NOT DISTINCT FROM ")
+def _lower(name: str) -> str:
+    """ASCII lower case, as DataFusion normalizes unquoted identifiers."""
+    return name.translate(_ASCII_LOWER)
+
+
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+#: Spark's backslash escapes in string literals (``\%`` and ``\_`` stay escaped, for LIKE)
+_SPARK_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "b": "\b", "0": "\0", "Z": "\x1a", "%": "\\%", "_": "\\_"}
+
+
+def _datafusion_sql(expr: str) -> str:
+    """A Spark SQL expression (a CHECK constraint, invariant or generation expression, as delta-spark stores it)
+    in DataFusion's spelling of the same meaning, where the two differ (outside string literals):
+
+    - ``'...'`` (Spark's backslash escapes) and ``"..."`` (a string in Spark, an identifier in DataFusion): a
+      standard SQL string literal;
+    - a backquoted identifier: a double-quoted one in lower case (Spark's identifiers are case-insensitive;
+      the columns are registered in lower case, and DataFusion lower-cases unquoted identifiers itself);
+    - ``a / b``: ``a * 1.0 / b`` (Spark's ``/`` of two integers is a fractional division, 55 / 10 = 5.5;
+      DataFusion's is an integer one, 5: CHECK (id / 10 <= 5) let 55 through);
+    - ``<=>``: ``IS NOT DISTINCT FROM``.
+
+    Left as it is: a division by zero is inf in DataFusion, an error (ANSI) or NULL in Spark."""
+    out: list[str] = []
+    i, n = 0, len(expr)
+    while i < n:
+        c = expr[i]
+        if c in "'\"":
+            j, text = i + 1, []
+            while j < n and expr[j] != c:
+                if expr[j] == "\\" and j + 1 < n:
+                    e = expr[j + 1]
+                    if e == "u" and j + 6 <= n:
+                        text.append(chr(int(expr[j + 2:j + 6], 16)))
+                        j += 6
+                        continue
+                    text.append(_SPARK_ESCAPES.get(e, e))
+                    j += 2
+                    continue
+                text.append(expr[j])
+                j += 1
+            out.append("'" + "".join(text).replace("'", "''") + "'")
+            i = j + 1
+        elif c == "`":
+            j, name = i + 1, []
+            while j < n:
+                if expr[j] == "`":
+                    if expr.startswith("``", j):  # an escaped backquote
+                        name.append("`")
+                        j += 2
+                        continue
+                    break
+                name.append(expr[j])
+                j += 1
+            out.append('"' + _lower("".join(name)).replace('"', '""') + '"')
+            i = j + 1
+        elif expr.startswith("<=>", i):
+            out.append(" IS NOT DISTINCT FROM ")
+            i += 3
+        elif c == "/":
+            out.append(" * 1.0 / ")
+            i += 1
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
 
 
 #: the Delta table features twophase-delta writes correctly (its own writer and its committer, delta-rs), each
@@ -165,6 +232,8 @@ FEATURE_FIXES: dict[str, str] = {
                        "and run " + _DROP,
     "allowColumnDefaults": "columns without DEFAULT values ('delta.feature.allowColumnDefaults' added it): " + _DROP,
     "variantType": "a table without VARIANT columns (not tested with twophase-delta)",
+    "checkpointProtection": "it is left by DROP FEATURE without TRUNCATE HISTORY: once the table's log retention "
+                            "(delta.logRetentionDuration) has passed since that drop, run " + _DROP + " TRUNCATE HISTORY",
 }
 
 
@@ -286,11 +355,11 @@ def table_checks(dt: Any, stream: pa.Schema) -> TableChecks:
             if gen is not None:
                 if top and f["name"] not in stream.names:
                     missing_generated.append(f"{path} = {gen}")
-                checks.append((f"generated column {path!r}", f"`{path}` IS NOT DISTINCT FROM ({_spark_sql(gen)})"))
+                checks.append((f"generated column {path!r}", f"`{path}` <=> ({gen})"))
             inv = meta.get("delta.invariants")
             if inv:
                 expr = json.loads(inv)["expression"]["expression"] if isinstance(inv, str) else inv
-                checks.append((f"invariant on {path!r}", _spark_sql(str(expr))))
+                checks.append((f"invariant on {path!r}", str(expr)))
             t = f.get("type")
             if isinstance(t, dict) and t.get("type") == "struct":
                 walk(t["fields"], path + ".", False)
@@ -302,7 +371,7 @@ def table_checks(dt: Any, stream: pa.Schema) -> TableChecks:
                                  "(twophase checks that each value equals its expression)")
     for key, expr in sorted(config.items()):
         if key.startswith("delta.constraints."):
-            checks.append((f"CHECK constraint {key[len('delta.constraints.'):]!r}", _spark_sql(expr)))
+            checks.append((f"CHECK constraint {key[len('delta.constraints.'):]!r}", expr))
     out = TableChecks(tuple(p for p in not_null if p.split(".")[0] in stream.names), tuple(checks))
     missing_not_null = [p for p in not_null if "." not in p and p not in stream.names]
     if missing_not_null:
