@@ -13,8 +13,10 @@ One attempt, step by step (marked ``# step N``):
    by the :class:`TriggerPolicy`, aborts expired ones (cancel markers flow from the sources), and
    fails the attempt when more than ``tolerable_failures`` checkpoints in a row failed;
 5. tear down: on a failure every gate is closed and every thread joined; transactions that sink
-   tasks pre-committed after the latest completed checkpoint are aborted; the restart strategy
-   decides whether step 1 runs again.
+   tasks pre-committed after the latest completed checkpoint are aborted (each best effort: an abort
+   that fails is logged, ``teardown_abort_failed``, and left to the sweep after a later commit, so the
+   attempt's own failure still reaches the restart strategy); the restart strategy decides whether
+   step 1 runs again.
 
 Invariants (``test_job_invN_*``):
 
@@ -486,8 +488,20 @@ class _Attempt:
         upto = latest.checkpoint_id if latest else -1
         for t in self.tasks.values():
             if isinstance(t, T.SinkTask) and not t.is_alive():
-                stale = [h for c, h in t.uncommitted if c > upto]
-                self.runner.committer.abort_transactions(t.uid, stale)
+                for c, h in t.uncommitted:
+                    if c > upto:
+                        self._abort_stale(t, c, h)
             if isinstance(t, T.InputTask):
                 self.runner.metrics.alignment_times_s.extend(t.handler.alignment_times)
             self.runner.metrics.records_out += t.writer.records_out if isinstance(t, T.SourceTask) else 0
+
+    def _abort_stale(self, task: "T.SinkTask", pre_committed_at: int, handle: dict) -> None:
+        """Abort one transaction no checkpoint can own any more (step 5), best effort: raised from teardown's
+        ``finally``, a sink's error would replace the attempt's failure and the restart strategy would never
+        be asked; the transaction's checkpoint is undecided, so the sweep after a later commit removes it."""
+        try:
+            self.runner.committer.abort_transactions(task.uid, [handle])
+        except Exception as e:  # noqa: BLE001 - see above
+            _log.warning("teardown_abort_failed", job=self.runner.graph.name, task=task.tid,
+                         checkpoint_id=pre_committed_at, error=repr(e),
+                         consequence="left to the sweep after a later commit (abort_lingering)")
