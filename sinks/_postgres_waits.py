@@ -42,6 +42,8 @@ class _Wait:
     conn: Callable[[], Any]
     warn: Callable[[str, float], None]
     next_warn: float = 0.0
+    #: the deadline passed while the block had no connection yet (connecting): tried again from then on
+    next_try: float = 0.0
     expired: bool = False
     done: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -108,7 +110,8 @@ class Watcher:
                 due = []
                 nearest = None
                 for w in self._waits.values():
-                    events = [w.next_warn] + ([w.start + w.deadline_s] if w.deadline_s > 0 and not w.expired else [])
+                    events = [w.next_warn] + ([max(w.start + w.deadline_s, w.next_try)]
+                                              if w.deadline_s > 0 and not w.expired else [])
                     when = min(events)
                     if when <= now:
                         due.append(w)
@@ -125,14 +128,16 @@ class Watcher:
         with w.lock:
             if w.done:
                 return
-            if w.deadline_s > 0 and not w.expired and now >= w.start + w.deadline_s:
-                w.expired = True
+            if w.deadline_s > 0 and not w.expired and now >= max(w.start + w.deadline_s, w.next_try):
                 try:
                     conn = w.conn()
                 except Exception:
                     conn = None
-                if conn is not None:
-                    shutdown_socket(conn)
+                w.expired = True  # before the shutdown: the block, woken by it, must see it
+                if conn is None or not shutdown_socket(conn):
+                    # no connection yet (the block is connecting: connect_timeout ends that): look again soon
+                    w.expired = False
+                    w.next_try = now + 0.5
             if now >= w.next_warn:
                 while w.next_warn <= now:
                     w.next_warn += w.warn_s

@@ -133,6 +133,19 @@ def test_pg_a_gid_gone_above_the_pruned_markers_is_still_lost(pg, tmp_path):
 # --------------------------------------------------------------------------- a deadline on a paused server
 
 
+def _retry_busy(call):
+    """``call()``, again while it fails with PostgreSQL's retriable "prepared transaction ... is busy": the abandoned
+    statement reached the server before the pause, and its backend, resumed, runs it; a COMMIT / ROLLBACK PREPARED
+    of the same gid meanwhile gets "is busy" (the coordinator retries it at recovery). Up to 10 s."""
+    for _ in range(50):
+        try:
+            return call()
+        except TransientSinkError as e:
+            assert e.retriable and "busy" in str(e), str(e)
+            time.sleep(0.2)
+    return call()
+
+
 def test_pg_a_commit_on_a_paused_server_is_abandoned_after_serverWaitTimeout_then_committed_once(pg, tmp_path):
     """Issue 23, leftover 2: with the server SIGSTOPped, the driver's COMMIT PREPARED waited forever (a stopped
     server's kernel answers keepalives). Now it is abandoned after option serverWaitTimeout (its socket shut down):
@@ -170,8 +183,10 @@ def test_pg_a_commit_on_a_paused_server_is_abandoned_after_serverWaitTimeout_the
     assert isinstance(err, TransientSinkError) and err.retriable, result
     assert "serverWaitTimeout" in str(err) and "twophase-pg-pw" not in str(err), str(err)
     assert took < 10, took
-    # the next attempt, in this process (the gid is looked up first) and at recovery
-    status = sink.commit(ack.handle["txn"])
+    # the next attempt, in this process (the gid is looked up first) and at recovery. The abandoned COMMIT PREPARED
+    # reached the server before the pause: its backend runs it once resumed, and a COMMIT PREPARED meeting it still
+    # running gets "is busy", retriable (the coordinator retries at recovery): retried here for a few seconds
+    status = _retry_busy(lambda: sink.commit(ack.handle["txn"]))
     assert status in (None, CommitStatus.ALREADY_COMMITTED), status
     assert CheckpointCoordinator(sink).recover().committed == [0]
     assert log.get(0).state is CheckpointState.COMMITTED
@@ -210,6 +225,6 @@ def test_pg_the_sweep_and_the_checks_on_a_paused_server_are_abandoned_after_serv
             _signal(pids, signal.SIGCONT)
         err = result.get("error")
         assert isinstance(err, TransientSinkError) and err.retriable and "serverWaitTimeout" in str(err), (name, result)
-        call()  # after the pause: a new connection
+        _retry_busy(call)  # after the pause: a new connection
     assert pg.prepared(sink.gid_prefix) == []
     sink.close()
