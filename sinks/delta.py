@@ -185,16 +185,31 @@ def delta_azure_storage_options(config: AzureConfig) -> dict[str, str]:
     return out
 
 
+#: times a Delta commit refused for a conflict a blind append cannot have is made again (:func:`_blind_append_conflict`)
+COMMIT_CONFLICT_RETRIES = 10
+#: delta-rs's messages of the conflicts it finds for an append that a newer commit removed files "it read" (it counts
+#: the whole snapshot as read), or added files: an append of new files reads none, so neither can change its result
+_BLIND_APPEND_CONFLICTS = ("a concurrent transaction deleted data this operation read",
+                           "a concurrent transaction added new data")
+
+
+def _blind_append_conflict(e: BaseException) -> bool:
+    """Whether ``e`` is delta-rs refusing twophase's append for a concurrent commit that only removed or added data
+    files (an UPDATE, DELETE, MERGE or another append); a schema or protocol change is not (the files may not fit)."""
+    return type(e).__name__ == "CommitFailedError" and any(m in str(e) for m in _BLIND_APPEND_CONFLICTS)
+
+
 #: tests only: a folder; see :func:`_commit_gate`
 COMMIT_GATE_ENV = "TWOPHASE_DELTA_COMMIT_GATE"
 
 
-def _commit_gate(checkpoint_id: int) -> None:
+def _commit_gate(checkpoint_id: int, read_version: int) -> None:
     """A test's hook (``TWOPHASE_DELTA_COMMIT_GATE=<folder>``, read here, so it reaches the process that
     commits, as :mod:`twophase.faults` does): while ``<folder>/delta-commit`` exists, a commit that has read
     the table's version and checked its files waits here, before its Delta commit, at most 120 s; it first
-    writes its checkpoint id to ``<folder>/delta-commit.entered``. So a test makes another writer's commit
-    land between twophase's read of the table and its commit. Unset (always, outside tests): nothing."""
+    writes ``<checkpoint id> <table version read>`` to ``<folder>/delta-commit.entered``. So a test makes
+    another writer's commit land between twophase's read of the table and its commit. Unset (always, outside
+    tests): nothing."""
     folder = os.environ.get(COMMIT_GATE_ENV)
     if not folder:
         return
@@ -202,7 +217,7 @@ def _commit_gate(checkpoint_id: int) -> None:
     if not os.path.exists(gate):
         return
     with open(gate + ".entered", "a") as f:
-        f.write(f"{checkpoint_id}\n")
+        f.write(f"{checkpoint_id} {read_version}\n")
     deadline = time.monotonic() + 120
     while os.path.exists(gate) and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -1067,36 +1082,54 @@ class DeltaCommitter(SinkCommitter[DeltaCommittable]):
 
     def commit_checkpoint(self, checkpoint_id: int, handles: Sequence[DeltaCommittable], *,
                           recovering: bool = False) -> list[CommitResult[DeltaCommittable]]:
-        """ONE Delta commit for the whole checkpoint, skipped if the table already has it (invariants 1, 2)."""
+        """ONE Delta commit for the whole checkpoint, skipped if the table already has it (invariants 1, 2).
+
+        A commit another writer made after this one read the table (an UPDATE, DELETE or MERGE by delta-spark)
+        makes delta-rs refuse the append ("a concurrent transaction deleted data this operation read": it counts
+        the snapshot as read); the append reads nothing, so the table is read again, and with it every check of
+        this method (the checkpoint not in the table yet, its files there, the table's requirements), and the
+        commit made again, up to :data:`COMMIT_CONFLICT_RETRIES` times. A schema or protocol change is raised."""
         _deltalake()  # a clear MissingDependencyError if deltalake is missing
         from deltalake.transaction import AddAction, CommitProperties, Transaction
         files = [f for h in handles for f in h.files]
-        dt = self._table()
-        if dt is None:
-            raise TwoPhaseError(f"twophase-delta: the table {self.uri} is gone; checkpoint {checkpoint_id} cannot "
-                                "be committed")
-        done = dt.transaction_version(self.sink_id)
-        if done is not None and done >= checkpoint_id:
-            _log.info("delta_already_committed", sink_id=self.sink_id, checkpoint_id=checkpoint_id, table_txn=done)
-            self.sink.sync_commit(checkpoint_id)  # a crashed predecessor may have committed it without fsync
-            return [CommitResult(h, CommitStatus.ALREADY_COMMITTED) for h in handles]
-        if not files:  # nothing to add: an empty batch makes no Delta version
-            return [CommitResult(h, CommitStatus.COMMITTED) for h in handles]
-        lost = self._missing(handles)
-        if lost:  # never add a file that is gone: the table would reference it forever (invariant 2)
-            return [CommitResult(h, CommitStatus.LOST, f"twophase-delta: checkpoint {checkpoint_id} task {h.task_id}: "
-                                 f"data files {missing[:5]} are gone (deleted or vacuumed) and were never committed")
-                    if missing else CommitResult(h, CommitStatus.COMMITTED) for h, missing in lost]
-        self._recheck(checkpoint_id, handles, dt)
-        actions = [AddAction(f["path"], int(f["size"]), dict(f["partition_values"]), int(f["modification_time"]),
-                             True, f["stats"]) for f in files]
-        props = CommitProperties(
-            custom_metadata={"twophase.sink_id": self.sink_id, "twophase.checkpoint_id": checkpoint_id},
-            app_transactions=[Transaction(self.sink_id, checkpoint_id, int(time.time() * 1000))])
-        before = dt.version()
-        _commit_gate(checkpoint_id)
-        dt.create_write_transaction(actions, "append", dt.schema(), partition_by=list(dt.metadata().partition_columns),
-                                    commit_properties=props)
+        for attempt in range(COMMIT_CONFLICT_RETRIES + 1):
+            dt = self._table()
+            if dt is None:
+                raise TwoPhaseError(f"twophase-delta: the table {self.uri} is gone; checkpoint {checkpoint_id} cannot "
+                                    "be committed")
+            done = dt.transaction_version(self.sink_id)
+            if done is not None and done >= checkpoint_id:
+                _log.info("delta_already_committed", sink_id=self.sink_id, checkpoint_id=checkpoint_id, table_txn=done)
+                self.sink.sync_commit(checkpoint_id)  # a crashed predecessor may have committed it without fsync
+                return [CommitResult(h, CommitStatus.ALREADY_COMMITTED) for h in handles]
+            if not files:  # nothing to add: an empty batch makes no Delta version
+                return [CommitResult(h, CommitStatus.COMMITTED) for h in handles]
+            lost = self._missing(handles)
+            if lost:  # never add a file that is gone: the table would reference it forever (invariant 2)
+                return [CommitResult(h, CommitStatus.LOST, f"twophase-delta: checkpoint {checkpoint_id} task "
+                                     f"{h.task_id}: data files {missing[:5]} are gone (deleted or vacuumed) and were "
+                                     "never committed")
+                        if missing else CommitResult(h, CommitStatus.COMMITTED) for h, missing in lost]
+            self._recheck(checkpoint_id, handles, dt)
+            actions = [AddAction(f["path"], int(f["size"]), dict(f["partition_values"]), int(f["modification_time"]),
+                                 True, f["stats"]) for f in files]
+            props = CommitProperties(
+                custom_metadata={"twophase.sink_id": self.sink_id, "twophase.checkpoint_id": checkpoint_id},
+                app_transactions=[Transaction(self.sink_id, checkpoint_id, int(time.time() * 1000))])
+            before = dt.version()
+            _commit_gate(checkpoint_id, before)
+            try:
+                dt.create_write_transaction(actions, "append", dt.schema(),
+                                            partition_by=list(dt.metadata().partition_columns), commit_properties=props)
+                break
+            except Exception as e:  # deltalake's CommitFailedError (its module differs between releases)
+                if attempt >= COMMIT_CONFLICT_RETRIES or not _blind_append_conflict(e):
+                    raise
+                _log.warning("delta_commit_conflict_retried", sink_id=self.sink_id, checkpoint_id=checkpoint_id,
+                             read_version=before, attempt=attempt + 1, error=str(e).split("\n")[0],
+                             meaning="another writer (UPDATE, DELETE, MERGE) committed after this commit read the "
+                             "table; twophase's append reads nothing, so it reads the table again and commits after it")
+                time.sleep(min(0.05 * 2 ** attempt, 1.0))
         self.sink.sync_commit(checkpoint_id, since=before)  # durable before the coordinator records COMMITTED
         _log.info("delta_committed", sink_id=self.sink_id, checkpoint_id=checkpoint_id, files=len(files),
                   records=sum(int(f.get("records", 0)) for f in files), recovering=recovering)
