@@ -1053,6 +1053,17 @@ class DeltaWriter(FileLikeWriter[DeltaCommittable]):
         self.sink.files.delete(entry["rel"])
 
 
+def _record_files(rec: Any) -> set[str]:
+    """The data files a checkpoint record's handles name: a Spark task's handle lists its ``files``; the embedded
+    runtime's task handle (:class:`twophase.runtime.committer.JobCommitter`) wraps the transactions it carries
+    (``{"task", "sink", "txns": [handle, ...]}``), each listing its ``files``."""
+    out: set[str] = set()
+    for h in rec.handles.values():
+        for inner in [h, *(h.get("txns") or ())]:
+            out.update(f["rel"] for f in inner.get("files") or ())
+    return out
+
+
 class DeltaCommitter(SinkCommitter[DeltaCommittable]):
     """Driver side: ONE Delta commit per checkpoint (invariants 1, 2), file deletes (3), the sweep (4).
 
@@ -1268,7 +1279,9 @@ class DeltaCommitter(SinkCommitter[DeltaCommittable]):
         never committed (invariant 4).
 
         A file is deleted only if its name carries this sink's token and the log's record of its
-        checkpoint is final and does not list it (ABORTED, or COMMITTED with other files): never a file
+        checkpoint is final and does not list it (ABORTED, or COMMITTED with other files), nor does a later
+        COMMITTED record (the embedded runtime commits a transaction of an aborted checkpoint with the
+        next one; its task handles wrap the transactions, ``txns``): never a file
         of another sink or query on the same table, and never a file any Delta commit added, whatever
         later commits (OPTIMIZE, DELETE) removed from the snapshot: history and VACUUM keep those.
         A file whose checkpoint record is gone (pruned) cannot be proven orphaned and is kept (logged).
@@ -1324,7 +1337,7 @@ class DeltaCommitter(SinkCommitter[DeltaCommittable]):
         committed (a late ack is aborted), and the files the record lists are never touched.
         """
         cid = rec.checkpoint_id
-        committed = {f["rel"] for h in rec.handles.values() for f in h.get("files", ())}
+        committed = _record_files(rec)
         if isinstance(self.files, _LocalFiles):
             return self._sweep_noted(cid, committed)
         dirs = sorted({rel.rpartition("/")[0] for rel in committed} | {""})
@@ -1377,6 +1390,12 @@ class DeltaCommitter(SinkCommitter[DeltaCommittable]):
             if cid is not None and lo < cid <= up_to:
                 candidates[rel] = cid
         records = {cid: log.get(cid) for cid in sorted(set(candidates.values()))}
+        # the embedded runtime names a file by the checkpoint its transaction began for, and a transaction
+        # whose checkpoint was aborted (expired, cancelled) is carried into and committed by a later one:
+        # every COMMITTED record from the lowest candidate's checkpoint up to up_to speaks for the files
+        later = {cid: log.get(cid) for cid in range(min(records, default=up_to + 1), up_to + 1) if cid not in records}
+        committed = {rel for rec in [*records.values(), *later.values()]
+                     if rec is not None and rec.state is CheckpointState.COMMITTED for rel in _record_files(rec)}
         unprovable: list[str] = []
         removed = 0
         for rel, cid in sorted(candidates.items()):
@@ -1385,8 +1404,6 @@ class DeltaCommitter(SinkCommitter[DeltaCommittable]):
                 if cid > after:
                     unprovable.append(rel)
                 continue
-            committed = {f["rel"] for h in rec.handles.values() for f in h.get("files", ())} \
-                if rec.state is CheckpointState.COMMITTED else set()
             if rel in committed:
                 continue
             self.files.delete(rel)
