@@ -227,3 +227,35 @@ def test_review_a_source_that_cannot_rewind_fails_the_job_loudly_and_loses_nothi
     monkeypatch.setattr(CollectionSource, "open_reader", open_reader)
     runner(g, restart=NoRestart()).run()
     assert_every_record_once(out, expected)
+
+
+# ---- the restart's recovery meets a transient error
+
+
+def test_review_a_transient_error_in_the_restarts_recovery_is_a_failed_attempt_not_the_end_of_the_job(
+        tmp_path, monkeypatch):
+    """After a failover (or any failure) the next attempt recovers first: it commits the COMPLETED checkpoints.
+    A destination that does not answer for a moment then (TransientSinkError, the kind of error a restart is
+    for) must count as a failed attempt that the restart strategy retries; before, recovery ran outside the
+    attempt's error handling and JobRunner.run raised the raw TransientSinkError with restarts left."""
+    out = str(tmp_path / "out")
+    dest = Destination(out, monkeypatch)
+    g, sink, expected = job(out, "recovery-transient")
+    commit_checkpoint = FileCommitter.commit_checkpoint
+    state: dict[str, Any] = {"fail_commit": None, "recovery_failures": 0}
+
+    def flaky(committer: FileCommitter, checkpoint_id: int, committables: list, *,
+              recovering: bool = False) -> list[CommitResult]:
+        if not recovering and state["fail_commit"] is None and checkpoint_id >= 3 and any(c.files for c in committables):
+            state["fail_commit"] = checkpoint_id         # decided (COMPLETED), the commit fails: attempt 1 fails
+            raise TransientSinkError("the destination went away")
+        if recovering and state["recovery_failures"] < 1:
+            state["recovery_failures"] += 1              # attempt 2's recovery: still away
+            raise TransientSinkError("the destination is still away")
+        return commit_checkpoint(committer, checkpoint_id, committables, recovering=recovering)
+    monkeypatch.setattr(FileCommitter, "commit_checkpoint", flaky)
+    result = runner(g, restart=FixedDelayRestart(attempts=3)).run()
+    assert state["fail_commit"] is not None and state["recovery_failures"] == 1
+    assert sink.transaction_log().get(state["fail_commit"]).state is C.COMMITTED
+    assert result.attempts == 3 and result.metrics.failures[1] == "recovery"
+    assert_every_record_once(out, expected)

@@ -4,7 +4,8 @@ restarts after failures and takes savepoints.
 One attempt, step by step (marked ``# step N``):
 
 1. recover: a fresh :class:`CheckpointCoordinator` over the job's log commits every COMPLETED and
-   aborts every PENDING checkpoint and lingering transactions (coordinator invariant 5);
+   aborts every PENDING checkpoint and lingering transactions (coordinator invariant 5); a
+   TransientSinkError here fails the attempt (``recovery``), which the restart strategy may retry;
 2. restore: state comes from the savepoint given (until this run completes a checkpoint of its own),
    else from the latest completed checkpoint in the log; it is matched to vertices by uid;
 3. deploy: gates, writers and task threads are built and started; sources seek, keyed state is
@@ -52,7 +53,7 @@ from typing import Any, Optional
 from twophase._logging import get_logger
 from twophase.checkpoint import CheckpointBarrier, CheckpointProperties, CheckpointType, CompletedCheckpoint
 from twophase.coordinator import CheckpointCoordinator, TriggerPolicy
-from twophase.errors import CheckpointDeclinedError, ConfigurationError, JobFailedError
+from twophase.errors import CheckpointDeclinedError, ConfigurationError, JobFailedError, TransientSinkError
 from twophase.log import TransactionLog
 from twophase.runtime import tasks as T
 from twophase.runtime.channels import InputGate, OutputEdge, RecordWriter, hash_partitioner
@@ -234,7 +235,10 @@ class JobRunner:
         # step 1: recover
         coord = CheckpointCoordinator(self.committer, self.log, policy=self.policy)
         self.coordinator = coord
-        coord.recover()
+        try:
+            coord.recover()
+        except TransientSinkError as e:  # a destination away for a moment: a failed attempt the restart retries
+            raise _AttemptFailed(e, "recovery") from e
         for sink in self.sinks.values():  # twophase-postgres: prepared transactions of ABORTED checkpoints hold locks
             hook = getattr(sink, "after_runtime_recovery", None)
             if hook is not None:
