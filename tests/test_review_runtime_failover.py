@@ -259,3 +259,54 @@ def test_review_a_transient_error_in_the_restarts_recovery_is_a_failed_attempt_n
     assert sink.transaction_log().get(state["fail_commit"]).state is C.COMMITTED
     assert result.attempts == 3 and result.metrics.failures[1] == "recovery"
     assert_every_record_once(out, expected)
+
+
+# ---- the final checkpoint (taken after the end of input) is the one found gone
+
+
+def test_review_the_final_checkpoint_after_the_end_of_input_gone_fails_over_and_every_record_is_written_once(
+        tmp_path, monkeypatch):
+    """Job invariant 2 meets invariant 5: the checkpoint the job waits for once every source finished (its sink
+    tasks' last transactions) is the one declined. The restart restores positions at or before the end and
+    must write every record once, ending FINISHED."""
+    out = str(tmp_path / "out")
+    dest = Destination(out, monkeypatch)
+    g, sink, expected = job(out, "final-gone", pause_s=0.002)
+    prepare = T.SinkTask._pre_commit
+    expired: list[tuple[int, str]] = []
+
+    def expire_after_the_end(task: T.SinkTask, checkpoint_id: int) -> None:
+        prepare(task, checkpoint_id)
+        if task.inputs_ended and not expired and task.uncommitted:
+            c, h = task.uncommitted[-1]
+            for f in h.get("files") or ():
+                os.unlink(os.path.join(out, f["staged"]))
+            if h.get("files"):
+                expired.append((c, h["attempt_dir"]))
+    monkeypatch.setattr(T.SinkTask, "_pre_commit", expire_after_the_end)
+    result = runner(g, restart=FixedDelayRestart(attempts=2)).run()
+    assert expired, "a transaction pre-committed after the end of input expired"
+    assert result.metrics.failovers and result.attempts == 2, (result.metrics.failovers, result.metrics.failures)
+    assert result.status.value == "FINISHED"
+    assert expired[0][1] not in {d for _, d in dest.committed}
+    assert_every_record_once(out, expected)
+
+
+# ---- `twophase log verify` on a runtime job's file output
+
+
+def test_review_log_verify_of_a_runtime_jobs_file_output_after_a_failover_finds_no_uncommitted_file(
+        tmp_path, monkeypatch):
+    """``log verify`` lists final part files that no COMMITTED record names. The runtime's records name its
+    files inside each task handle's ``txns``; read as Spark handles only, every committed file of a runtime
+    job was reported "uncommitted" (exit 1), an invitation to delete committed output."""
+    from twophase.cli import verify_log
+    out = str(tmp_path / "out")
+    dest = Destination(out, monkeypatch)
+    dest.expire_from = 3
+    g, sink, expected = job(out, "verify")
+    runner(g, restart=FixedDelayRestart(attempts=2)).run()
+    assert_every_record_once(out, expected)
+    report = verify_log(out)
+    assert report["uncommitted_files"] == [] and report["staged_leftovers"] == [] and report["ok"], \
+        (len(report["uncommitted_files"]), report["uncommitted_files"][:3])

@@ -161,8 +161,10 @@ def _file_orphans(root: str, log_location: str) -> dict[str, list[str]]:
     records = log.records()
     committed = {r.checkpoint_id for r in records if r.state.value == "COMMITTED"}
     top = max(committed, default=-1)
+    # a Spark task's handle lists its files; the embedded runtime's task handle wraps its transactions (txns)
     listed = {f.get("final") for r in records if r.state.value == "COMMITTED"
-              for h in r.handles.values() for f in (h or {}).get("files", [])}
+              for h in r.handles.values() for t in [h or {}, *((h or {}).get("txns") or ())]
+              for f in t.get("files", [])}
     token = os.path.basename(os.path.dirname(log_location.rstrip("/")))
     staged, uncommitted = [], []
     staging = os.path.join(root, INTERNAL_DIR, token, "staging")
