@@ -240,3 +240,47 @@ def test_review_delta_runtime_a_carried_transaction_committed_by_a_later_checkpo
     assert {f["rel"] for f in a["files"]} <= refs
     assert present == refs, f"deleted: {sorted(refs - present)}"
     assert sorted(DeltaTable(uri).to_pyarrow_table().column("id").to_pylist()) == [*range(0, 10), *range(100, 110)]
+
+
+@pytest.mark.xfail(strict=True, reason="review finding (session 15): twophase-delta tells a committed checkpoint by "
+                   "the table's app transaction alone; delta.setTransactionRetentionDuration expires it (delta-rs drops "
+                   "it from the snapshot), so a recovery later than that, after an OPTIMIZE, re-adds the compacted files: "
+                   "rows doubled (fix: fall back to the history's commitInfo twophase.checkpoint_id, or refuse the property)")
+def test_review_delta_a_checkpoint_committed_before_the_app_transaction_expired_is_not_committed_again(
+        tmp_path, monkeypatch) -> None:
+    """The driver dies between the Delta commit of checkpoint 1 and COMMITTED. The table has
+    ``delta.setTransactionRetentionDuration`` (here 1 second; in production hours or days, and a restart after
+    a weekend); OPTIMIZE compacted the table (checkpoint 1's files are no longer in the snapshot, still on
+    disk until VACUUM's 7 days); another writer commits after the retention passed. Recovery asks the table
+    whether it has checkpoint 1: the app transaction is gone from the snapshot, the files are there, so it
+    adds them again and every row of checkpoint 1 is doubled (without the OPTIMIZE, re-adding the same paths
+    changes nothing: Delta keys files by path)."""
+    import time
+    from deltalake import write_deltalake
+    uri = str(tmp_path / "t")
+    write_deltalake(uri, pa.Table.from_batches([batch(-100, 2)]), partition_by=["p"],
+                    configuration={"delta.setTransactionRetentionDuration": "interval 1 seconds"})
+    sink = DeltaSink.from_options({"path": uri}, SCHEMA)
+    sink.validate_destination()
+    sink.transaction_log().claim("test")
+    co = CheckpointCoordinator(sink)
+    co.complete_batch(0, acks_of(sink, 0))
+    sync = DeltaSink.sync_commit
+
+    def dies_after_the_delta_commit(self, checkpoint_id, since=None):
+        if checkpoint_id == 1:
+            raise OSError("the driver died after the Delta commit")
+        return sync(self, checkpoint_id, since)
+    monkeypatch.setattr(DeltaSink, "sync_commit", dies_after_the_delta_commit)
+    with pytest.raises(OSError):
+        co.complete_batch(1, acks_of(sink, 1))
+    monkeypatch.setattr(DeltaSink, "sync_commit", sync)
+    assert DeltaTable(uri).transaction_version(sink.sink_id) == 1
+    DeltaTable(uri).optimize.compact()        # checkpoint 1's files removed from the snapshot, kept until VACUUM
+    time.sleep(1.5)
+    write_deltalake(uri, pa.Table.from_batches([batch(-200, 2)]), mode="append")   # another writer
+    CheckpointCoordinator(sink).recover()
+    ids = [i for i in DeltaTable(uri).to_pyarrow_table().column("id").to_pylist() if i >= 0]
+    dup = sorted(k for k, c in Counter(ids).items() if c > 1)
+    assert (dup[:5], len(dup)) == ([], 0), "rows of checkpoint 1 doubled"
+    assert sorted(ids) == expected_ids([0, 1])
