@@ -52,6 +52,6 @@ bash scripts/spark_kafka.sh fetch   # Spark's own Kafka connector (peer tests, b
 bash scripts/hadoop_aws.sh fetch   # hadoop-aws (S3A) at PySpark's Hadoop + 2 AWS SDK modules, ~13 MB: integration/s3/test_s3a_reader.py
 bash scripts/s3a_committer.sh build   # twophase's S3A committer jar (scripts/jvm/s3a-committer): the experimental native path on s3a://
 bash scripts/pg_server.sh fetch   # PostgreSQL (apt-get install postgresql if initdb is missing), twophase-postgres tests
-bash scripts/setup_delta.sh     # .venv-delta: PySpark 4.2 + delta-spark 4.4 and Delta's jars, for integration/delta_spark (Delta as oracle)
+bash scripts/setup_delta.sh     # .venv-delta: PySpark 4.2 + delta-spark 4.4, Delta's jars, hadoop-aws and hadoop-azure, for integration/delta_spark (Delta as oracle)
 export PYSPARK_PYTHON="$ROOT/.venv/bin/python"
 echo "setup: ready ($(.venv/bin/python --version), $(java -version 2>&1 | head -1))"

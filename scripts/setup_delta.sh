@@ -2,7 +2,7 @@
 # The second environment .venv-delta, beside .venv, for the Delta-on-Spark tests (integration/delta_spark):
 # Delta Lake's own engine (delta-spark) reads every table twophase-delta writes. No Delta release supports
 # PySpark 4.3 (the main .venv), so this one pins the newest pair that resolves together:
-#   PySpark $PYSPARK_SPEC with delta-spark $DELTA_SPARK_VERSION (PyPI), twophase[delta,test] editable,
+#   PySpark $PYSPARK_SPEC with delta-spark $DELTA_SPARK_VERSION (PyPI), twophase[delta,azure,test] editable,
 #   Delta's jars (io.delta:delta-spark_<spark minor>_2.13 and io.delta:delta-storage, the same version) through mvn from
 #   scripts/jvm/delta/pom.xml into .venv-delta/jvm/delta-<version>/, handed to Spark with spark.jars (no Ivy).
 # Idempotent and quick when done (a stamp per step). Needs Java 17 and mvn (scripts/setup.sh installs them).
@@ -25,14 +25,15 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 STAMP="$VENV/.twophase-installed-$DELTA_SPARK_VERSION"
-if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
-  echo "setup_delta: installing delta-spark $DELTA_SPARK_VERSION, $PYSPARK_SPEC and twophase[delta,test] into $VENV"
+# (azure: twophase-delta writes the Azure oracle test's table on Azurite; a venv made before it gets it here)
+if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ] || ! "$VENV/bin/python" -c "import azure.storage.blob" 2>/dev/null; then
+  echo "setup_delta: installing delta-spark $DELTA_SPARK_VERSION, $PYSPARK_SPEC and twophase[delta,azure,test] into $VENV"
   if ! { "$VENV/bin/python" -m pip install -q --upgrade pip \
-         && "$VENV/bin/python" -m pip install "delta-spark==$DELTA_SPARK_VERSION" "$PYSPARK_SPEC" -e ".[delta,test]"; } \
+         && "$VENV/bin/python" -m pip install "delta-spark==$DELTA_SPARK_VERSION" "$PYSPARK_SPEC" -e ".[delta,azure,test]"; } \
         > "$VENV/setup.log" 2>&1; then
     tail -40 "$VENV/setup.log"; echo "setup_delta: pip install failed (full log: $VENV/setup.log)"; exit 1
   fi
-  "$VENV/bin/python" -c "import twophase, pyspark, delta, deltalake, pytest"
+  "$VENV/bin/python" -c "import twophase, pyspark, delta, deltalake, azure.storage.blob, pytest"
   touch "$STAMP"
 fi
 SITE=$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
@@ -64,4 +65,8 @@ elif [ ! -f "$S3A_JARS/.complete" ]; then
       -DexcludeGroupIds=io.netty,org.apache.httpcomponents,commons-codec,commons-logging,org.slf4j >&2
   touch "$S3A_JARS/.complete"
 fi
+# Hadoop's ABFS (hadoop-azure at the Hadoop this PySpark bundles) for delta-spark on Azurite
+# (integration/delta_spark/test_delta_azure_oracle.py): scripts/jvm/hadoop-azure/pom.xml into
+# .venv-delta/jvm/hadoop-azure-<version>/, ~1.4 MB; not fetched (the test skips) when that pom pins another Hadoop
+TWOPHASE_HADOOP_AZURE_VENV="$VENV" bash "$ROOT/scripts/hadoop_azure.sh" fetch
 echo "setup_delta: ready ($("$VENV/bin/python" -c 'import pyspark, importlib.metadata as m; print("pyspark", pyspark.__version__, "delta-spark", m.version("delta-spark"))'))"
