@@ -70,8 +70,12 @@ def prune_markers(sink: "PostgresSink", conn: Any, highest_committed: int, log: 
         return
     ids = set(log.checkpoint_ids())
     with conn.transaction():
-        # one sweep at a time per prefix updates the proof rows (two drivers' sweeps: the second waits here)
-        conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (PRUNED + p,))
+        # one sweep at a time per prefix updates the proof rows. Another driver's sweep holding the lock (a zombie
+        # paused inside its transaction holds it for as long as it stays paused): this one prunes nothing (never
+        # unsafe: the markers stay, the next sweep prunes them) instead of waiting on it until serverWaitTimeout
+        # and failing the restarted driver's recovery on every retry
+        if not conn.execute("SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0))", (PRUNED + p,)).fetchone()[0]:
+            return
         checked, start = _row(conn, sink, CHECKED + p), _row(conn, sink, CHECKED_FROM + p)
         if checked is not None and start is not None and checked >= highest_committed:
             pass  # a later sweep already checked further
@@ -101,11 +105,16 @@ def prune_markers(sink: "PostgresSink", conn: Any, highest_committed: int, log: 
 
 
 def settle_gone(sink: "PostgresSink", conn: Any, gid: str, checkpoint_id: int,
-                record: Any) -> tuple[str, str]:
+                record: Any, *, has_log: bool = True) -> tuple[str, str]:
     """A gid gone from ``pg_prepared_xacts``, ``record`` its checkpoint's log record now (or None): ``("committed",
     why)``, ``("lost", why)`` or ``("unknown", why)`` (module doc). One statement reads the marker and the proof rows:
-    one snapshot of them (the sweep changes them in one transaction)."""
+    one snapshot of them (the sweep changes them in one transaction). ``has_log`` False (at-least-once: no log, no
+    proof rows of its own; those on the prefix are another query's, about its checkpoints): the marker alone."""
     p = sink.gid_prefix
+    if not has_log:
+        if conn.execute(f"SELECT 1 FROM {sink.marker} WHERE gid = %s", (gid,)).fetchone() is not None:
+            return "committed", "its marker is in the marker table"
+        return "lost", "its marker is not in the marker table (at-least-once: the batch is committed at once)"
     marker, pruned, checked, start, unsettled = conn.execute(
         f"SELECT EXISTS (SELECT 1 FROM {sink.marker} WHERE gid = %s), "
         f"(SELECT checkpoint_id FROM {sink.marker} WHERE gid = %s), "

@@ -536,7 +536,8 @@ class PostgresSink(DestinationChecks, TwoPhaseCommitSink[dict]):
             record = (self.transaction_log().get(cid)
                       if cid is not None and self.guarantee is Guarantee.EXACTLY_ONCE else None)
             try:
-                verdict, why = settle_gone(self, conn, gid, cid if cid is not None else -1, record)
+                verdict, why = settle_gone(self, conn, gid, cid if cid is not None else -1, record,
+                                           has_log=self.guarantee is Guarantee.EXACTLY_ONCE)
             except psycopg.Error as e:
                 raise self._error(e, f"reading the marker of {gid}") from None
         if verdict == "committed":
