@@ -89,18 +89,25 @@ def test_pg_r15_a_zombie_paused_inside_its_sweep_does_not_stall_the_restarted_dr
     b.close()
 
 
-def _old_log_then_release(pg, tmp_path, table: str, sink_id: str, batches: int = 6) -> None:
+def _old_log_then_release(pg, tmp_path, table: str, sink_id: str, batches: int = 6, how: str = "release") -> None:
     """A first query (its own log location) commits batches 0..batches on ``table`` with ``sink_id`` (its sweeps keep
     proof rows for checkpoints 0..batches); then it is gone for good and its claim of the gid prefix is released, as
-    docs/postgres.md's refusal message says (DELETE FROM <marker> WHERE gid = 'owner:<prefix>')."""
-    old = PostgresSink(url=pg.url, table=table, sink_id=sink_id, log_location=str(tmp_path / "old-query-log"))
+    docs/postgres.md's refusal message says (DELETE FROM <marker> WHERE gid = 'owner:<prefix>'). ``how`` "recreate":
+    its log is at the location the next query uses, and is deleted instead (a checkpoint deleted and recreated: the
+    claim names the same location, nothing is released)."""
+    import shutil
+    where = tmp_path / (f"log-{sink_id}" if how == "recreate" else "old-query-log")
+    old = PostgresSink(url=pg.url, table=table, sink_id=sink_id, log_location=str(where))
     old.validate_destination()
     old_log = TransactionLog.open(old.resolved_log_location(), old.sink_id, retain=RETAIN)
     for cid in range(batches + 1):
         ack = run_task(old, TransactionContext(old.sink_id, cid, "0"), [_rows([1000 + cid])])
         CheckpointCoordinator(old, log=old_log).complete_batch(cid, [ack], expected_tasks=["0"])
     assert pg.sql(f"SELECT checkpoint_id FROM {old.marker} WHERE gid = %s", ("checked:" + old.gid_prefix,))
-    pg.sql(f"DELETE FROM {old.marker} WHERE gid = %s", ("owner:" + old.gid_prefix,))
+    if how == "recreate":
+        shutil.rmtree(where)
+    else:
+        pg.sql(f"DELETE FROM {old.marker} WHERE gid = %s", ("owner:" + old.gid_prefix,))
     old.close()
 
 
@@ -108,14 +115,16 @@ def _old_log_then_release(pg, tmp_path, table: str, sink_id: str, batches: int =
                    "the same gid prefix inherits the old log's 'pruned:' and 'checked:' rows, so a proven loss at a "
                    "low checkpoint id of the new log is CommitOutcomeUnknownError (with a false 'the log holds a "
                    "COMPLETED record ... re-created after retention' reason) instead of DataLossError")
-def test_pg_r15_a_new_log_on_a_released_prefix_still_proves_a_loss(pg, tmp_path):
+@pytest.mark.parametrize("how", ["release", "recreate"])
+def test_pg_r15_a_new_log_on_a_released_prefix_still_proves_a_loss(pg, tmp_path, how):
     """The first query is gone, its claim released; a new query (new log, checkpoint ids from 0) takes the prefix.
     An operator rolls back a gid of its COMPLETED checkpoint 1: the marker of checkpoint 1 was never pruned by THIS
     log (nothing committed yet), so the loss is proven: DataLossError (before f3d8e6c: DataLossError). The old log's
     'pruned:' row (7) made it look possibly pruned, and its reading of ITS checkpoint 1 made it 'covered'."""
     table = pg.new_table("id bigint NOT NULL, v text", prefix="r15claim")
-    _old_log_then_release(pg, tmp_path, table, "r15-claim")
+    _old_log_then_release(pg, tmp_path, table, "r15-claim", how=how)
     new = _sink(pg, tmp_path, table, sink_id="r15-claim")
+    assert new.transaction_log().get(3) is None, "a new log"
     ack = run_task(new, TransactionContext(new.sink_id, 1, "0"), [_rows([1])])
     log = new.transaction_log()
     log.transition(1, CheckpointState.PENDING)
