@@ -35,7 +35,180 @@ _RESERVED = {
     "transactional.id": "use option 'transactionalIdPrefix' (the sink derives one id per partition)",
     "key.serializer": "write a binary or string 'key' column",
     "value.serializer": "write a binary or string 'value' column",
+    "partitioner": "the sink places keyed records as Spark's Kafka sink does (Java's murmur2; librdkafka's "
+                   "murmur2_random); to choose partitions write a 'partition' column",
 }
+
+#: ``kafka.*`` names kafka-python's argument table does not list but :func:`twophase._kafka.kafka_python_config`
+#: takes (mapped by it: JAAS, OAUTHBEARER / MSK IAM, PEM stores, bootstrap servers)
+_MAPPED_NAMES = ("bootstrap.servers", "sasl.jaas.config", "sasl.login.callback.handler.class",
+                 "sasl.client.callback.handler.class", "ssl.key.password")
+_MAPPED_PREFIXES = ("sasl.oauthbearer.", "ssl.keystore.", "ssl.truststore.")
+_STATS = "the sink reads the producer id and epoch from librdkafka's statistics and sets their interval itself"
+_CALLBACKS = ("the sink registers its own callbacks and delivery reports (every record's report is counted before a "
+              "transaction may commit)")
+#: librdkafka producer properties the sink sets itself or whose value exactly-once depends on, under librdkafka's
+#: own names and aliases (their kafka-python names, e.g. kafka.acks, kafka.retries, kafka.delivery.timeout.ms, are
+#: taken and checked by :meth:`KafkaSinkOptions.from_options`): never the user's, whatever the guarantee
+_RDKAFKA_SINK_OWN = {
+    "request.required.acks": "librdkafka's name of acks; use option 'kafka.acks' (exactly-once needs acks=all, "
+                             "which the sink checks)",
+    "max.in.flight": "librdkafka's alias of max.in.flight.requests.per.connection; use option "
+                     "'kafka.max.in.flight.requests.per.connection' (at most 5 for exactly-once, which the sink checks)",
+    "message.timeout.ms": "librdkafka's name of delivery.timeout.ms; use option 'kafka.delivery.timeout.ms', which "
+                          "the sink checks against kafka.transaction.timeout.ms (a record may not outlive its "
+                          "transaction)",
+    "message.send.max.retries": "librdkafka's name of retries; use option 'kafka.retries' (at least 1 for "
+                                "exactly-once, which the sink checks)",
+    "enable.gapless.guarantee": "the sink's transactional producer sets it (a gap fails the task's transaction, "
+                                "which is aborted and retried)",
+    "enable.sparse.connections": "the sink sets it to false (init_transactions takes ~6 ms instead of ~505 ms)",
+    "statistics.interval.ms": _STATS,
+    "stats_cb": _STATS,
+    "delivery.report.only.error": _CALLBACKS,
+    **{cb: _CALLBACKS for cb in ("dr_cb", "dr_msg_cb", "on_delivery", "error_cb", "throttle_cb", "log_cb", "logger",
+                                 "oauth_cb", "oauthbearer_token_refresh_cb", "partitioner_cb", "opaque",
+                                 "background_event_cb")},
+    "default.topic.config": "give topic properties as kafka.<property> options",
+    "transactional.id": _RESERVED["transactional.id"],
+    "partitioner": _RESERVED["partitioner"],
+}
+#: librdkafka-only names of connection and security settings: the driver's kafka-python connections (EndTxn,
+#: fencing, probing, topic checks) must use them too, so they are taken under their Spark / kafka-python names only
+_RDKAFKA_CONNECTION_PREFIXES = ("security.", "sasl.", "ssl.", "ssl_", "enable.ssl.", "bootstrap.",
+                                "metadata.broker.list")
+#: librdkafka-only names of properties a kafka-python setting also sets (librdkafka's aliases): both given must agree
+_RDKAFKA_ALIASES = {"queue.buffering.max.ms": "linger.ms", "compression.codec": "compression.type"}
+
+
+def _kafka_python_takes(name: str, defaults: Mapping[str, Any]) -> bool:
+    """Whether option ``kafka.<name>`` is one of kafka-python's producer settings (or twophase's mapping) takes."""
+    return (name in _MAPPED_NAMES or name.startswith(_MAPPED_PREFIXES) or name in _RESERVED
+            or name.replace(".", "_") in defaults)
+
+
+def _client_versions() -> str:
+    try:
+        import confluent_kafka
+        version, lib = confluent_kafka.version(), confluent_kafka.libversion()
+        return (f"confluent-kafka {version[0] if isinstance(version, tuple) else version}, "
+                f"librdkafka {lib[0] if isinstance(lib, tuple) else lib}")
+    except Exception:  # noqa: BLE001 - informational  # pragma: no cover
+        return "confluent-kafka"
+
+
+def librdkafka_producer_verdict(name: str, value: str) -> Optional[str]:
+    """What the installed librdkafka says of producer property ``name=value`` in a transactional producer (as the
+    sink's): None if it takes it, else its reason ("No such configuration property", "Invalid value ...", "a
+    consumer property", "`acks` must be set to `all` ..."). A producer is configured, never connected (no bootstrap
+    servers, no ``init_transactions``), and closed at once; its log lines are kept out of the logs. The reason never
+    shows the value of a secret-named property (:mod:`twophase._redact`)."""
+    import logging
+    from confluent_kafka import KafkaException, Producer
+    from twophase._redact import is_secret_name, redact_text, redact_values
+    warnings: list[str] = []
+
+    class _Seen(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            warnings.append(record.getMessage())
+    quiet = logging.getLogger("twophase.sinks.kafka.librdkafka.option-check")
+    quiet.propagate, seen = False, _Seen()
+    quiet.addHandler(seen)
+    reason: Optional[str] = None
+    try:
+        producer = Producer({"transactional.id": "twophase-option-check", name: value, "logger": quiet})
+        producer.close(0) if hasattr(producer, "close") else None
+        del producer
+    except KafkaException as e:
+        reason = e.args[0].str() if e.args and hasattr(e.args[0], "str") else str(e)
+    except (TypeError, ValueError) as e:
+        reason = str(e)
+    finally:
+        quiet.removeHandler(seen)
+    if reason is None and any("is a consumer property" in w for w in warnings):
+        reason = "a consumer property, ignored by a producer"
+    if reason is not None:
+        reason = redact_text(reason)
+        if is_secret_name(name):
+            reason = redact_values(reason, [value])
+    return reason
+
+
+def split_client_options(kraw: Mapping[str, Any], defaults: Mapping[str, Any], client: str
+                         ) -> tuple[dict[str, Any], dict[str, str]]:
+    """``kafka.*`` options checked against the writer actually used (option kafkaClient): (the options kafka-python
+    takes, for :func:`~twophase._kafka.kafka_python_config`; the librdkafka-only producer properties, given to the
+    executors' librdkafka producers as given, before the mapped settings and the sink's own).
+
+    With kafkaClient=librdkafka, an option kafka-python does not know (``kafka.queue.buffering.max.messages``,
+    ``kafka.compression.codec``, ``kafka.batch.num.messages``) is taken when the installed librdkafka takes it as a
+    property of a transactional producer (asked of a producer configured, never connected: name and value).
+    Refused, naming the option, the client and the fix: the properties exactly-once depends on or the sink sets
+    itself under any librdkafka name (:data:`_RDKAFKA_SINK_OWN`: acks, in-flight requests, delivery timeout,
+    retries, gapless guarantee, sparse connections, statistics, partitioner, callbacks; refused with either
+    client), librdkafka-only connection / security names (the driver's kafka-python connections need them: give the
+    Spark name), a name or value librdkafka refuses, and a consumer property. With kafkaClient=kafka-python, an
+    option kafka-python does not know is refused, and when librdkafka takes it the error says to set
+    kafkaClient=librdkafka. No error shows the value of a secret-named option."""
+    from twophase._redact import MASK, is_secret_name, redact_text
+    taken: dict[str, Any] = {}
+    extra: dict[str, str] = {}
+    for key, value in kraw.items():
+        name = key[len("kafka."):] if key.startswith("kafka.") else key
+        if name in _RDKAFKA_SINK_OWN and name not in _RESERVED:
+            raise ConfigurationError(f"{SINK}: option {key!r} cannot be set (with either kafkaClient): "
+                                     f"{_RDKAFKA_SINK_OWN[name]}")
+        if not key.startswith("kafka.") or _kafka_python_takes(name, defaults):
+            taken[key] = value
+            continue
+        if client == "kafka-python":
+            hint = ""
+            try:
+                if librdkafka_producer_verdict(name, str(value)) is None:
+                    hint = (f"; {name!r} is a librdkafka producer property: set option kafkaClient=librdkafka (the "
+                            "default writer, confluent-kafka) to use it")
+            except ImportError:  # pragma: no cover - confluent-kafka not installed: no hint
+                pass
+            raise ConfigurationError(
+                f"{SINK}: option {key!r} is not a kafka-python producer setting ({name.replace('.', '_')!r}), and the "
+                f"writer in use is kafka-python (option kafkaClient=kafka-python){hint}; otherwise drop it, or use the "
+                "name of one of kafka-python's KafkaProducer settings (kafka.<setting with dots>)")
+        if name.startswith(_RDKAFKA_CONNECTION_PREFIXES):
+            raise ConfigurationError(
+                f"{SINK}: option {key!r} is a librdkafka-only connection setting (kafkaClient=librdkafka); the "
+                "driver's Kafka connections (kafka-python: EndTxn, fencing, topic checks) need it too, so give it under "
+                "its Spark / kafka-python name (e.g. kafka.sasl.plain.username, kafka.ssl.cafile, "
+                "kafka.security.protocol), which twophase maps to librdkafka's")
+        from twophase._versions import require
+        require("confluent-kafka", what=f"{SINK}'s option {key!r} (a librdkafka property: kafkaClient=librdkafka)")
+        verdict = librdkafka_producer_verdict(name, str(value))
+        if verdict is not None:
+            shown = MASK if is_secret_name(key) else redact_text(repr(value))
+            raise ConfigurationError(
+                f"{SINK}: option {key!r}={shown} is refused by the writer in use, librdkafka (option "
+                f"kafkaClient=librdkafka; {_client_versions()}): {verdict}. It is not a kafka-python setting either; "
+                "fix the name or value against librdkafka's producer properties (CONFIGURATION.md of that version) or "
+                "kafka-python's KafkaProducer settings, or drop it")
+        extra[name] = str(value)
+    return taken, extra
+
+
+def check_librdkafka_twins(extra: Mapping[str, str], mapped: Mapping[str, Any]) -> None:
+    """A librdkafka-only option and the Spark / kafka-python option that sets the same librdkafka property (by the
+    same name or an alias: ``kafka.queue.buffering.max.ms`` and ``kafka.linger.ms``) must agree: the one applied
+    last would silently win."""
+    from twophase._kafka import _RDKAFKA_NAMES
+    spark = {v: k for k, v in _RDKAFKA_NAMES.items()}
+    for name, value in extra.items():
+        target = _RDKAFKA_ALIASES.get(name, name)
+        if target not in mapped:
+            continue
+        theirs = mapped[target]
+        if str(theirs).lower() != str(value).lower():
+            other = f"kafka.{spark[target].replace('_', '.')}" if target in spark else "another kafka.* option"
+            raise ConfigurationError(f"{SINK}: options 'kafka.{name}' (librdkafka's name) and {other!r} (its Spark / "
+                                     f"kafka-python name) set the same librdkafka property to different values "
+                                     f"({value!r}, {str(theirs)!r}); give one of them")
 
 
 KAFKA_SINK_OPTIONS: tuple[Option[Any], ...] = (
@@ -97,6 +270,10 @@ class KafkaSinkOptions:
     client: str = "librdkafka"
     #: endpoint and credentials of a log / prefix registry on S3 (``s3.*`` options); its repr masks the secrets
     s3: S3Config = field(default_factory=S3Config)
+    #: librdkafka-only producer properties (``kafka.queue.buffering.max.messages``, ``kafka.compression.codec``, ...)
+    #: given with kafkaClient=librdkafka: the executors' producers take them as given, before the mapped settings
+    #: and the sink's own (:func:`split_client_options`)
+    librdkafka_extra: Mapping[str, str] = field(default_factory=dict)
     #: the spec of one batch write (:meth:`KafkaSink.write_job_spec`): its log's ids are runs, never re-run
     write_job: bool = False
 
@@ -118,6 +295,7 @@ class KafkaSinkOptions:
         if not servers or not str(servers).strip():
             raise ConfigurationError(f"{SINK}: option 'kafka.bootstrap.servers' is required, e.g. "
                                      ".option('kafka.bootstrap.servers', 'host1:9092,host2:9092')")
+        kraw, librdkafka_extra = split_client_options(kraw, KafkaProducer.DEFAULT_CONFIG, o["kafkaClient"])
         cfg = kafka_python_config(kraw, KafkaProducer.DEFAULT_CONFIG, what=SINK, reserved=_RESERVED)
         guarantee = Guarantee.parse(o["guarantee"])
         names = list(getattr(schema, "names", []) or [])
@@ -151,13 +329,21 @@ class KafkaSinkOptions:
         timeout_explicit = "transaction_timeout_ms" in cfg
         timeout = int(cfg.pop("transaction_timeout_ms", DEFAULT_TRANSACTION_TIMEOUT_MS))
         if o["kafkaClient"] == "librdkafka":
-            librdkafka_config(cfg, what=SINK)  # every setting must have a librdkafka counterpart
+            mapped = librdkafka_config(cfg, what=SINK)  # every setting must have a librdkafka counterpart
+            check_librdkafka_twins(librdkafka_extra, mapped)
         if guarantee is Guarantee.EXACTLY_ONCE:
             if cfg.get("enable_idempotence") is False:
                 raise ConfigurationError(f"{SINK}: kafka.enable.idempotence=false cannot be exactly-once; drop it "
                                          "or set guarantee=at-least-once")
             if str(cfg.get("acks", "all")) not in ("all", "-1"):
                 raise ConfigurationError(f"{SINK}: kafka.acks must be 'all' for exactly-once (got {cfg['acks']!r})")
+            if int(cfg.get("retries", 1)) < 1:
+                raise ConfigurationError(f"{SINK}: kafka.retries={cfg['retries']!r}: exactly-once's idempotent "
+                                         "producer needs at least 1; drop it or set guarantee=at-least-once")
+            if int(cfg.get("max_in_flight_requests_per_connection", 5)) > 5:
+                raise ConfigurationError(f"{SINK}: kafka.max.in.flight.requests.per.connection="
+                                         f"{cfg['max_in_flight_requests_per_connection']!r}: exactly-once's idempotent "
+                                         "producer takes at most 5; drop it or set guarantee=at-least-once")
         interval = o["triggerInterval"]
         if interval is not None and guarantee is Guarantee.EXACTLY_ONCE and timeout_explicit:
             check_timeout_against_trigger(timeout, interval)
@@ -169,7 +355,8 @@ class KafkaSinkOptions:
                    trigger_interval_ms=interval, sink_id=sink_id,
                    guarantee=guarantee, log_location=o["log.location"], log_retain=o["log.retain"], owner=owner,
                    prefix_registry=o["prefixRegistry"], commit_parallelism=o["commitParallelism"],
-                   columns=tuple(names), s3=s3_config_from(o), client=o["kafkaClient"])
+                   columns=tuple(names), s3=s3_config_from(o), client=o["kafkaClient"],
+                   librdkafka_extra=librdkafka_extra)
 
     def connection_config(self) -> dict[str, Any]:
         """The kafka-python settings that matter for a connection (security, timeouts, client id)."""

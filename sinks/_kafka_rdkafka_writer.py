@@ -107,23 +107,25 @@ class KafkaWriter(_KafkaWriterBase):
       destroying the handle (or the process dying) leaves it Ongoing for the driver's EndTxn.
     """
 
-    #: librdkafka defaults of the sink (a ``kafka.*`` option overrides any of them)
-    PRODUCER_DEFAULTS: dict[str, Any] = {"linger.ms": 5, "batch.size": 1_000_000, "enable.sparse.connections": False,
-                                         "partitioner": "murmur2_random"}
+    #: librdkafka defaults of the sink (a ``kafka.*`` option overrides any of them, also under a librdkafka alias:
+    #: ``kafka.queue.buffering.max.ms`` is applied after ``linger.ms``)
+    PRODUCER_DEFAULTS: dict[str, Any] = {"linger.ms": 5, "batch.size": 1_000_000}
+    #: librdkafka properties the sink sets itself, applied after every ``kafka.*`` option (which may not name them:
+    #: :data:`twophase.sinks._kafka_options._RDKAFKA_SINK_OWN`)
+    PRODUCER_OWN: dict[str, Any] = {"enable.sparse.connections": False, "partitioner": "murmur2_random"}
     #: how often librdkafka publishes statistics (the producer id and epoch arrive with the first after init)
     STATS_INTERVAL_MS = 10
     #: how long step 1 waits for the producer id and epoch in the statistics before asking the broker
     STATS_WAIT_S = 2.0
 
-    def _producer(self, txn: RdKafkaTransaction) -> Any:
-        from twophase._versions import require
-        require("confluent-kafka", what=f"{SINK}'s default producer (or set option kafkaClient=kafka-python)")
-        try:
-            from confluent_kafka import Producer
-        except ImportError as e:
-            raise MissingDependencyError("twophase-kafka's default producer needs confluent-kafka: pip install "
-                                         "'twophase[kafka]' (or set option kafkaClient=kafka-python)") from e
-        cfg = {**self.PRODUCER_DEFAULTS, **librdkafka_config(self.options.producer_config, what=SINK),
+    def _producer_config(self, txn: RdKafkaTransaction) -> dict[str, Any]:
+        """The librdkafka properties of ``txn``'s producer, applied in this order (librdkafka takes them in order, the
+        last of a property and its aliases wins): the sink's defaults, the user's librdkafka-only properties
+        (option kafkaClient=librdkafka), the mapped Spark / kafka-python settings, then the sink's own (callbacks,
+        partitioner, sparse connections, transactional id and timeouts, statistics): a librdkafka alias given by
+        the user never overrides what the sink sets."""
+        cfg = {**self.PRODUCER_DEFAULTS, **self.options.librdkafka_extra,
+               **librdkafka_config(self.options.producer_config, what=SINK), **self.PRODUCER_OWN,
                "on_delivery": txn.on_delivery, "error_cb": txn.on_error,
                # librdkafka's own log lines go to Python logging (served in poll/flush), not raw to stderr
                "logger": logging.getLogger(LIBRDKAFKA_LOGGER)}
@@ -135,6 +137,17 @@ class KafkaWriter(_KafkaWriterBase):
                         "statistics.interval.ms": self.STATS_INTERVAL_MS, "stats_cb": txn.on_stats})
         else:
             cfg.setdefault("enable.idempotence", True)
+        return cfg
+
+    def _producer(self, txn: RdKafkaTransaction) -> Any:
+        from twophase._versions import require
+        require("confluent-kafka", what=f"{SINK}'s default producer (or set option kafkaClient=kafka-python)")
+        try:
+            from confluent_kafka import Producer
+        except ImportError as e:
+            raise MissingDependencyError("twophase-kafka's default producer needs confluent-kafka: pip install "
+                                         "'twophase[kafka]' (or set option kafkaClient=kafka-python)") from e
+        cfg = self._producer_config(txn)
         try:
             return Producer(cfg)
         except Exception as e:
