@@ -205,7 +205,8 @@ class TxnClient:
         """FindCoordinator for ``transactional_id`` asked of one broker at a time, to learn who names the
         coordinator (kafka-python's own lookup does not say which broker answered): ``(named, independent)``,
         ``named`` cached as the id's coordinator, ``independent`` when a broker other than ``named`` named it (or
-        ``named`` is the only broker of the metadata: no other could have taken its partitions over); None if the
+        ``named`` is the only broker of the metadata, still alone after a metadata refresh: no other could have
+        taken its partitions over); None if the
         lookup failed on every broker (each one down, paused, timed out, answering an error or an empty
         coordinator list: a failed lookup, never a confirmation).
 
@@ -250,7 +251,18 @@ class TxnClient:
             return None
         node = manager.cluster.add_coordinator(self_named, CoordinatorType.TRANSACTION, transactional_id,
                                                synthesize_node_id=False)
-        return node, len(brokers) == 1
+        if len(brokers) != 1:
+            return node, False
+        # one broker in the metadata: it may be a view from while the others were fenced (kept up to
+        # metadata_max_age_ms), not a single-broker cluster; its own naming stands only if a fresh metadata still
+        # lists it alone (review 15: a stale broker's list taken at its pause names the brokers alive then)
+        try:
+            await manager.cluster.refresh_metadata()
+        except (Errors.KafkaError, OSError) as e:
+            _log.info("find_coordinator_elsewhere_metadata_failed", transactional_id=transactional_id,
+                      error=type(e).__name__)
+            return node, False
+        return node, sorted(b.node_id for b in manager.cluster.brokers()) == brokers
 
     def _forget_coordinator(self, transactional_id: str) -> None:
         coords = getattr(self.admin._manager.cluster, "_coordinators", None)
@@ -331,8 +343,9 @@ class TxnClient:
         meanwhile, holds open; the attempt-slot probe (invariant 4) would take that id as free and its
         InitProducerId abort the open transaction. The rule: **"unknown" from node X is trusted only when X was
         named coordinator by a broker other than X** (FindCoordinator asked of one broker at a time,
-        :meth:`_find_coordinator_elsewhere`; a single-broker cluster's own naming stands: no broker could have
-        taken its partitions over), in a round after a first "unknown". So after a first "unknown"
+        :meth:`_find_coordinator_elsewhere`; a single-broker cluster's own naming stands, when a metadata
+        refresh still lists that broker alone: no broker could have taken its partitions over), in a round after
+        a first "unknown". So after a first "unknown"
         (from the cached or kafka-python-looked-up coordinator, whose namer is not known) the coordinator is
         forgotten, looked up broker by broker and the id asked again. A known state is trusted from any node.
         A round whose lookup failed on every broker, or in which only self-named coordinators answered

@@ -58,8 +58,11 @@ class _Admin:
         self.elsewhere: list[int] = []      # nodes a FindCoordinator was sent to explicitly
         self.truth = NEW                    # the coordinator the up-to-date brokers name
         self.nodes = tuple(nodes)
+        self.refreshed_nodes: Any = None    # the broker list a metadata refresh returns (None: unchanged)
+        self.refreshes = 0
         cluster = SimpleNamespace(_coordinators={}, add_coordinator=self._add_coordinator,
-                                  brokers=lambda: [SimpleNamespace(node_id=n) for n in self.nodes])
+                                  brokers=lambda: [SimpleNamespace(node_id=n) for n in self.nodes],
+                                  refresh_metadata=self._refresh_metadata)
         self._manager = SimpleNamespace(cluster=cluster, run=self._run, send=self._send,
                                         broker_version_data=SimpleNamespace(api_version=lambda request: 4))
         from twophase.sinks._kafka_txn import CoordinatorType
@@ -79,6 +82,11 @@ class _Admin:
                 coords[(self._type, k)] = self.find_answers.pop(0) if self.find_answers else self.truth
             out[k] = coords[(self._type, k)]
         return out
+
+    async def _refresh_metadata(self, node_id: Any = None) -> None:
+        self.refreshes += 1
+        if self.refreshed_nodes is not None:
+            self.nodes = tuple(self.refreshed_nodes)
 
     def _add_coordinator(self, row: Any, key_type: Any, key: str, synthesize_node_id: bool = True) -> int:
         if row.error_code:
