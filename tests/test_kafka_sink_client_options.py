@@ -152,3 +152,35 @@ def test_a_refused_value_of_a_secret_named_property_is_masked() -> None:
     assert verdict is None
     verdict = librdkafka_producer_verdict("sasl.oauthbearer.client.secret", SECRET)
     assert verdict is None or SECRET not in verdict
+
+
+@pytest.mark.parametrize("debug", ["conf", "all"])
+def test_librdkafka_debug_logs_of_the_producer_carry_no_secret(debug: str) -> None:
+    """``kafka.debug`` (librdkafka-only, now taken) makes the producer log its configuration: the SASL password given
+    as a Spark option never appears in those log lines, nor in the options' repr."""
+    from confluent_kafka import Producer
+    from twophase.sinks._kafka_rdkafka_writer import LIBRDKAFKA_LOGGER
+    lines: list[str] = []
+
+    class _Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+    log = logging.getLogger(LIBRDKAFKA_LOGGER)
+    keep, level = _Keep(), log.level
+    log.addHandler(keep)
+    log.setLevel(logging.DEBUG)
+    raw = {**BASE, "kafka.bootstrap.servers": "127.0.0.1:1", "kafka.debug": debug,
+           "kafka.security.protocol": "SASL_PLAINTEXT", "kafka.sasl.mechanism": "PLAIN",
+           "kafka.sasl.jaas.config": 'org.apache.kafka.common.security.plain.PlainLoginModule required '
+                                     f'username="u" password="{SECRET}";'}
+    try:
+        cfg = _producer_config(raw)
+        assert cfg["debug"] == debug and cfg["sasl.password"] == SECRET
+        p = Producer(cfg)
+        p.poll(0.5)
+        p.close(0)
+    finally:
+        log.removeHandler(keep)
+        log.setLevel(level)
+    assert lines and not [line for line in lines if SECRET in line]
+    assert SECRET not in repr(KafkaSinkOptions.from_options(raw))
