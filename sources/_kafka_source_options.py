@@ -197,10 +197,16 @@ def split_client_options(kraw: Mapping[str, Any], defaults: Mapping[str, Any], c
         verdict = _librdkafka_verdict(name, str(value))
         if verdict is not None:
             from twophase._redact import MASK, is_secret_name, redact_text
-            shown = MASK if is_secret_name(key) else redact_text(repr(value))
+            # a name librdkafka refuses (unknown, internal): its value does not matter and is not shown (it may be
+            # a secret under a name that does not say so, e.g. a PEM private key as kafka.ssl_key; review 15)
+            by_name = verdict.startswith(("No such configuration property", "Internal property"))
+            shown = "" if by_name else "=" + (MASK if is_secret_name(key) else redact_text(repr(value)))
+            if is_secret_name(key) and str(value):
+                verdict = verdict.replace(str(value), MASK)
             raise ConfigurationError(
-                f"{SOURCE}: option {key!r}={shown} is refused by the reader in use, librdkafka (option "
-                f"kafkaClient=librdkafka; {_client_versions()}): {verdict}. It is not a kafka-python setting either; "
+                f"{SOURCE}: option {key!r}{shown} is refused by the reader in use, librdkafka (option "
+                f"kafkaClient=librdkafka; {_client_versions()}): {redact_text(verdict)}. It is not a kafka-python "
+                "setting either; "
                 "fix the name or value against librdkafka's consumer properties (CONFIGURATION.md of that version) or "
                 "kafka-python's KafkaConsumer settings, or drop it")
         extra[name] = str(value)

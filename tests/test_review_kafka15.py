@@ -124,3 +124,23 @@ def test_librdkafka_debug_logs_of_the_reader_carry_no_secret(debug) -> None:
         log.setLevel(level)
     assert lines and not [line for line in lines if "S3cr3tPW-rv15" in line]
     assert "S3cr3tPW-rv15" not in repr(o)
+
+
+@pytest.mark.parametrize("name", ["kafka.ssl_key", "kafka.ssl_certificate"])
+def test_a_private_key_under_a_refused_librdkafka_name_is_not_echoed(name) -> None:
+    """Review 15 finding B1: an option librdkafka refuses by its name (internal ``ssl_key``, unknown names) was
+    echoed with its value, a PEM private key here, in the ConfigurationError (Spark logs it); the value does not
+    matter to a name refused, so it is not shown."""
+    from twophase.errors import ConfigurationError
+    from twophase.sources.kafka import KafkaSourceOptions
+    pem = "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcw-rv15\n-----END PRIVATE KEY-----"
+    with pytest.raises(ConfigurationError) as e:
+        KafkaSourceOptions.from_options({**BASE, name: pem})
+    assert "MIIEvQ" not in str(e.value) and repr(name) in str(e.value)
+
+
+def test_an_invalid_value_of_a_known_librdkafka_property_is_still_shown() -> None:
+    from twophase.errors import ConfigurationError
+    from twophase.sources.kafka import KafkaSourceOptions
+    with pytest.raises(ConfigurationError, match="abc"):
+        KafkaSourceOptions.from_options({**BASE, "kafka.fetch.wait.max.ms": "abc"})
