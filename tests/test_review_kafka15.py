@@ -144,3 +144,17 @@ def test_an_invalid_value_of_a_known_librdkafka_property_is_still_shown() -> Non
     from twophase.sources.kafka import KafkaSourceOptions
     with pytest.raises(ConfigurationError, match="abc"):
         KafkaSourceOptions.from_options({**BASE, "kafka.fetch.wait.max.ms": "abc"})
+
+
+@pytest.mark.parametrize("name, value", [("kafka.enable.ssl.certificate.verification", "false"),
+                                         ("kafka.enable.sasl.oauthbearer.unsecure.jwt", "true"),
+                                         ("kafka.https.ca.location", "/tmp/ca.pem")])
+def test_librdkafka_only_security_names_without_the_ssl_sasl_prefix_are_refused(name, value) -> None:
+    """Review 15 finding B2: the connection / security names librdkafka alone has are refused (the driver's
+    kafka-python connections must use the same settings), but those not starting with ssl./sasl./security. were
+    taken: kafka.enable.ssl.certificate.verification=false turned TLS verification off on the executors' readers
+    only, silently."""
+    from twophase.errors import ConfigurationError
+    from twophase.sources.kafka import KafkaSourceOptions
+    with pytest.raises(ConfigurationError, match="librdkafka-only connection setting"):
+        KafkaSourceOptions.from_options({**BASE, name: value})
