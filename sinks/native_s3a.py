@@ -8,21 +8,24 @@ Per micro-batch (``native_sink("parquet", path="s3a://bucket/prefix", ...)``):
   ``scripts/s3a_committer.sh build`` makes from ``scripts/jvm/s3a-committer``): Hadoop's magic committer,
   job id ``<token>-<batch>-<attempt>``, every task file a multipart upload to its FINAL key, named as
   twophase-s3 names its objects, ``<prefix>/<a=1>/part-<token>-<batch>-<task>-<attempt>-<seq>.<ext>``
-  (so the key proves the sink and the batch, and twophase-s3's sweep finds it); each committed task
-  attempt leaves a ``.pendingset`` (upload id, part ETags) under ``<prefix>/__magic_job-<job id>/``.
-  The job commit completes NOTHING: it checks one pendingset per task Spark committed and writes a
-  manifest of them to ``<prefix>/_twophase/<token>/s3a/<batch>-<attempt>.txt``.
-- The driver reads the manifest and the pendingsets: one :class:`~twophase.sinks.s3.S3Committable` per
+  (so the key proves the sink and the batch, and twophase-s3's sweep finds it). No magic folder is made;
+  each committed task attempt returns its pending uploads (a pendingset's JSON) in Spark's task commit
+  message (S3A keeps them in task memory with ``fs.s3a.committer.magic.track.commits.in.memory.enabled=true``,
+  else in ``.pending`` files the task commit reads and deletes). The job commit completes NOTHING and
+  writes nothing: it keeps the tasks' pendingsets in the driver's JVM under the job id.
+- The driver takes them (:func:`take_committed`, once): one :class:`~twophase.sinks.s3.S3Committable` per
   Spark task, whose uploads are exactly twophase-s3's (bucket, key, upload id, parts, multipart ETag).
 - From there it is twophase-s3's protocol, unchanged (the same log under ``_twophase/<token>/log``, the same
   default ``sink.id`` as ``format("twophase-s3")`` on ``s3://bucket/prefix``): PENDING, COMPLETED, complete
   every upload (idempotent: an upload completed before is "already" by its ETag), COMMITTED, and the sweep
   aborts every upload in progress under the prefix that carries the sink's token for batches ``<=`` the
   committed one (failed, retried and speculative task attempts, a crashed driver's attempt), never another
-  sink's. The sweep also deletes the magic folders and manifests of those batches (objects, never data).
+  sink's. The sweep also deletes what a lost executor left in those batches' magic folders (``.pending`` files,
+  0-byte markers) and older versions' manifests (objects, never data).
 
-Nothing is visible before the commit: a pending upload is no object; the magic folder starts with ``_``
-(hidden from Spark's and pyarrow's readers) and holds only pendingsets and 0-byte markers. Records per
+Nothing is visible before the commit: a pending upload is no object; a magic folder starts with ``_``
+(hidden from Spark's and pyarrow's readers). Before PENDING the uploads' only record is the driver JVM's list
+(lost with the driver): the sweep after the re-run batch's commit aborts them by token and batch. Records per
 object are not known before the upload completes (no footer to read): the committables carry 0, and the
 batch's row count is Spark's own (logged).
 """
@@ -33,7 +36,6 @@ import json
 import os
 import re
 from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping, Optional, Sequence
 
 from twophase._logging import get_logger
@@ -73,10 +75,8 @@ def s3a_settings(sink_id: str, bucket: str, prefix: str, batch_id: int, attempt_
         "fs.s3a.committer.require.uuid": "true",
         # the committer's cleanup must never list-and-abort every upload under the destination (others')
         "fs.s3a.committer.abort.pending.uploads": "false",
-        "fs.s3a.committer.magic.track.commits.in.memory.enabled": "false",
         "twophase.s3a.file.prefix": f"part-{token}-{batch_id:08d}-",
         "twophase.s3a.attempt": attempt_uid,
-        "twophase.s3a.manifest": f"s3a://{bucket}/{manifest_key(sink_id, prefix, batch_id, attempt_uid)}",
     }
 
 
@@ -85,33 +85,38 @@ def _key(prefix: str, rel: str) -> str:
 
 
 def manifest_key(sink_id: str, prefix: str, batch_id: int, attempt_uid: str) -> str:
+    """Where versions before 2026-12-07 06:40 wrote an attempt's manifest (the sweep still deletes them)."""
     return _key(prefix, f"{internal_rel(sink_id)}/s3a/{batch_id:08d}-{attempt_uid}.txt")
 
 
-def pending_uploads(client: Any, bucket: str, prefix: str, sink_id: str, batch_id: int, attempt_uid: str,
-                    partition_by: Sequence[str]) -> list[dict[str, Any]]:
-    """The uploads one attempt's Spark job left pending: from its manifest (written by the job commit, so a
-    job that did not commit has none: nothing of it is ever completed) and the pendingsets it names. Each
-    upload's key must be this sink's, of this batch and attempt, where the sink puts its files."""
-    mkey = manifest_key(sink_id, prefix, batch_id, attempt_uid)
-    try:
-        names = [n for n in client.get_object(Bucket=bucket, Key=mkey)["Body"].read().decode().splitlines() if n]
-    except Exception as e:
-        raise TwoPhaseError(f"native_sink on s3a://{bucket}/{prefix}: batch {batch_id}: Spark's job left no "
-                            f"manifest {mkey} ({type(e).__name__}): is spark.sql.sources.commitProtocolClass "
-                            f"{PROTOCOL_CLASS}? The batch is not committed") from e
-    magic = _key(prefix, f"__magic_job-{magic_job_id(sink_id, batch_id, attempt_uid)}/")
+def take_committed(sink_id: str, batch_id: int, attempt_uid: str, jvm: Any = None) -> Optional[str]:
+    """The JSON list of pendingsets the job commit of this attempt left in Spark's driver JVM (removed from it),
+    None if no job of this attempt committed there."""
+    if jvm is None:
+        from pyspark import SparkContext
+        sc = SparkContext._active_spark_context
+        if sc is None:
+            return None
+        jvm = sc._jvm
+    got = jvm.twophase.s3a.PendingCommitProtocol.take(magic_job_id(sink_id, batch_id, attempt_uid))
+    return None if got is None else str(got)
 
-    def load(name: str) -> list[dict[str, Any]]:
-        key = name.lstrip("/")  # the pendingset's path in its s3a:// URI: the key
-        if not key.startswith(magic) or not key.endswith(".pendingset"):
-            raise TwoPhaseError(f"native_sink on s3a://{bucket}/{prefix}: manifest {mkey} names {name!r}, not a "
-                                f"pendingset of this attempt; the batch is not committed")
-        data = json.loads(client.get_object(Bucket=bucket, Key=key)["Body"].read())
-        return list(data.get("commits") or [])
 
-    with ThreadPoolExecutor(max(1, min(8, len(names)))) as pool:
-        commits = [c for got in pool.map(load, names) for c in got]
+def pending_uploads(committed: Optional[str], bucket: str, prefix: str, sink_id: str, batch_id: int,
+                    attempt_uid: str, partition_by: Sequence[str]) -> list[dict[str, Any]]:
+    """The uploads one attempt's Spark job left pending: the pendingsets its committed tasks returned to the
+    driver (``committed``, from :func:`take_committed`: a job that did not commit has none, so nothing of it is
+    ever completed). Each upload's key must be this sink's, of this batch and attempt, where the sink puts
+    its files."""
+    where = f"native_sink on s3a://{bucket}/{prefix}: batch {batch_id}"
+    if committed is None:
+        raise TwoPhaseError(f"{where}: Spark's job left no list of pending uploads in the driver (job "
+                            f"{magic_job_id(sink_id, batch_id, attempt_uid)}): is spark.sql.sources.commitProtocolClass "
+                            f"{PROTOCOL_CLASS}? The batch is not committed")
+    sets = json.loads(committed)
+    if not isinstance(sets, list):
+        raise TwoPhaseError(f"{where}: the job's list of pending uploads is not a list; the batch is not committed")
+    commits = [c for data in sets for c in (data.get("commits") or [])]
     uploads = []
     for c in commits:
         key = str(c["destinationKey"])
@@ -119,12 +124,12 @@ def pending_uploads(client: Any, bucket: str, prefix: str, sink_id: str, batch_i
         m = _PART.match(rel.rsplit("/", 1)[-1])
         if (c.get("bucket", bucket) != bucket or (prefix and not key.startswith(prefix + "/"))
                 or own_part_rel(rel, sink_id, partition_by) != batch_id or m is None or m.group(3) != attempt_uid):
-            raise TwoPhaseError(f"native_sink on s3a://{bucket}/{prefix}: a pendingset of batch {batch_id} holds an "
-                                f"upload to {key!r}, which is not this sink's name for it; the batch is not committed")
+            raise TwoPhaseError(f"{where}: a task's pendingset holds an upload to {key!r}, which is not this "
+                                "sink's name for it; the batch is not committed")
         parts = [{"PartNumber": i + 1, "ETag": str(t["etag"] if isinstance(t, Mapping) else t)}
                  for i, t in enumerate(c.get("etags") or [])]
         if not parts:
-            raise TwoPhaseError(f"native_sink on s3a://{bucket}/{prefix}: the pending upload of {key!r} has no part")
+            raise TwoPhaseError(f"{where}: the pending upload of {key!r} has no part")
         uploads.append({"bucket": bucket, "key": key, "upload_id": str(c["uploadId"]), "parts": parts,
                         "etag": multipart_etag(parts), "bytes": int(c.get("length") or 0), "records": 0,
                         "task": str(int(m.group(2)))})
@@ -180,6 +185,7 @@ class S3ANativeTarget(NativeTarget):
         self.sink = sink
         self.spark_format = fmt
         self.partition_by = tuple(partition_by)
+        self._jvm: Any = None  # Spark's driver JVM (check_session), where the job commit leaves its uploads
 
     @classmethod
     def create(cls, options: NativeOptions) -> "S3ANativeTarget":
@@ -216,6 +222,7 @@ class S3ANativeTarget(NativeTarget):
         """The committer's jar must be on Spark's classpath (``spark.jars``), else Spark's write would fail late."""
         try:
             jvm = spark.sparkContext._jvm
+            self._jvm = jvm
             jvm.java.lang.Class.forName(PROTOCOL_CLASS, False, jvm.java.lang.Thread.currentThread().getContextClassLoader())
         except Exception as e:
             raise ConfigurationError(
@@ -228,7 +235,8 @@ class S3ANativeTarget(NativeTarget):
                      expected_records: Optional[int] = None) -> list[S3Committable]:
         o = self.sink.options
         cols = self.partition_by if partition_by is None else tuple(partition_by)
-        uploads = pending_uploads(self.sink.client, o.bucket, o.prefix, self.sink.sink_id, batch_id, attempt_uid, cols)
+        committed = take_committed(self.sink.sink_id, batch_id, attempt_uid, self._jvm)
+        uploads = pending_uploads(committed, o.bucket, o.prefix, self.sink.sink_id, batch_id, attempt_uid, cols)
         if expected_records == 0:  # an empty batch: Spark's one empty file commits nothing
             for u in uploads:
                 abort_upload(self.sink.client, u["bucket"], u["key"], u["upload_id"])

@@ -55,7 +55,22 @@ pytestmark = [pytest.mark.s3, pytest.mark.spark,
 def spark_conf(server: S3Server) -> dict[str, str]:
     conf = s3a.spark_conf(server.endpoint, server.access_key, server.secret_key)
     conf["spark.jars"] = conf["spark.jars"] + "," + str(JAR)
+    conf["spark.hadoop." + IN_MEMORY] = "true"  # the documented setting (no .pending file per object)
     return conf
+
+
+#: S3A's switch (read when a bucket's client is created): magic commits tracked in task memory, or in
+#: .pending files under the magic folder. twophase's committer follows the client's setting.
+IN_MEMORY = "fs.s3a.committer.magic.track.commits.in.memory.enabled"
+
+
+def _bucket(spark, server: S3Server, in_memory: bool = True) -> str:
+    """A new bucket; ``in_memory=False``: its S3A client tracks magic commits in .pending files."""
+    bucket = server.new_bucket()
+    if not in_memory:
+        spark.sparkContext._jsc.hadoopConfiguration().set(IN_MEMORY.replace("fs.s3a.", f"fs.s3a.bucket.{bucket}.", 1),
+                                                          "false")
+    return bucket
 
 
 @pytest.fixture(scope="module")
@@ -127,22 +142,32 @@ def _magic_leftovers(client, bucket: str, prefix: str) -> list[str]:
     return [k for k in _keys(client, bucket, prefix + "/") if "__magic" in k or "/s3a/" in k]
 
 
-def test_s3a_magic_uploads_stay_pending_until_twophase_commits(spark, s3_server: S3Server, tmp_path: Path) -> None:
-    from twophase.sinks.native_s3a import pending_uploads
+@pytest.mark.parametrize("in_memory", [True, False], ids=["in-memory", "pending-files"])
+def test_s3a_magic_uploads_stay_pending_until_twophase_commits(spark, s3_server: S3Server, tmp_path: Path,
+                                                                in_memory: bool) -> None:
+    from twophase.errors import TwoPhaseError
+    from twophase.sinks.native_s3a import pending_uploads, take_committed
     client = s3_server.client()
-    bucket = s3_server.new_bucket()
+    bucket = _bucket(spark, s3_server, in_memory)
     target = _target(s3_server, f"s3a://{bucket}/out", tmp_path)
     attempt = uuid.uuid4().hex[:12]
     _write(spark, target, 7, attempt, 0, 1000)
-    # Spark's job is over: every file is a pending upload, nothing is an object a reader sees
+    # Spark's job is over: every file is a pending upload, nothing is an object a reader sees, and the
+    # committer wrote nothing else (no magic folder, no pendingset, no manifest: the uploads went to the
+    # driver in the tasks' commit messages)
     assert _visible_data(client, bucket) == []
-    assert spark.read.schema("id LONG, k LONG").parquet(f"s3a://{bucket}/out").count() == 0
+    assert _keys(client, bucket) == []
     open_uploads = _uploads(client, bucket)
     assert len(open_uploads) == 6  # 3 tasks x 2 partition values
-    listed = pending_uploads(client, bucket, "out", target.sink.sink_id, 7, attempt, ("k",))
-    assert sorted((u["key"], u["upload_id"]) for u in listed) == sorted(open_uploads)
+    # an attempt whose job never committed here has no list: its batch cannot commit
+    with pytest.raises(TwoPhaseError, match="left no list of pending uploads"):
+        pending_uploads(take_committed(target.sink.sink_id, 7, uuid.uuid4().hex[:12]), bucket, "out",
+                        target.sink.sink_id, 7, attempt, ("k",))
     committables = target.committables(7, attempt, target.attempt_dir(7, attempt), expected_records=1000)
     assert sorted(c.task_id for c in committables) == ["0", "1", "2"]
+    assert sorted((u["key"], u["upload_id"]) for c in committables for u in c.uploads) == sorted(open_uploads)
+    # the job's list is handed over once
+    assert take_committed(target.sink.sink_id, 7, attempt) is None
     assert _visible_data(client, bucket) == []
     # twophase's commit completes them: every row, once, in files named by the sink
     committer = target.spec.create_committer()
@@ -160,7 +185,7 @@ def test_s3a_magic_uploads_stay_pending_until_twophase_commits(spark, s3_server:
 
 def test_s3a_magic_abort_leaves_nothing_and_sweep_aborts_only_its_own(spark, s3_server: S3Server, tmp_path: Path) -> None:
     client = s3_server.client()
-    bucket = s3_server.new_bucket()
+    bucket = _bucket(spark, s3_server, in_memory=False)
     target = _target(s3_server, f"s3a://{bucket}/out", tmp_path)
     committer = target.spec.create_committer()
     # batch 3 aborted by twophase (a PENDING batch at recovery)
@@ -184,7 +209,17 @@ def test_s3a_magic_abort_leaves_nothing_and_sweep_aborts_only_its_own(spark, s3_
                                                     and f"-{o4}-" in k}
     assert len(survivors) == 2 + 6
     assert len(_uploads(client, bucket)) == 6 + 6 + 2
+    # what a lost executor leaves when S3A tracks magic commits in files: .pending files and 0-byte markers
+    # under the job's magic folder (the sink's crashed attempt's, the other sink's); and a manifest of a version
+    # before 2026-12-07 (the sweep deletes those of its own batches)
+    from twophase.sinks.native_s3a import magic_job_id, manifest_key
+    for sid, att in ((target.sink.sink_id, a4), (other.sink.sink_id, o4)):
+        base = f"out/__magic_job-{magic_job_id(sid, 4, att)}/job-x/01/tasks/attempt_x_0000_m_000000_0/__base/k=0/"
+        for k in (base + "part-x.parquet", base + "part-x.parquet.pending"):
+            client.put_object(Bucket=bucket, Key=k, Body=b"")
+        client.put_object(Bucket=bucket, Key=manifest_key(sid, "out", 4, att), Body=b"")
     other_magic = _magic_leftovers(client, bucket, "out")
+    assert len(other_magic) == 6
     # the sweep of checkpoints <= 4 aborts the 6 uploads of the sink's attempt, and its magic folders
     assert committer.abort_lingering(4) == 6
     assert {u for _, u in _uploads(client, bucket)} == survivors

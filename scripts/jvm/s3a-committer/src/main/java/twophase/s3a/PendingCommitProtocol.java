@@ -2,6 +2,9 @@ package twophase.s3a;
 
 import java.io.IOException;
 import java.io.UncheckedIOException;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.concurrent.ConcurrentHashMap;
 
 import org.apache.hadoop.conf.Configuration;
 import org.apache.hadoop.fs.Path;
@@ -22,8 +25,13 @@ import scala.collection.immutable.Seq;
  * is named as twophase's S3 sink names its objects,
  * part-&lt;token&gt;-&lt;batch&gt;-&lt;task&gt;-&lt;attempt&gt;-&lt;seq&gt;.&lt;ext&gt; (Hadoop options
  * twophase.s3a.file.prefix = "part-&lt;token&gt;-&lt;batch&gt;-" and twophase.s3a.attempt), so each pending
- * upload's key proves which sink and batch own it. The job commit records how many tasks Spark committed
- * (the pendingsets twophase must find).
+ * upload's key proves which sink and batch own it.
+ *
+ * <p>Each committed task returns its pending uploads (a pendingset's JSON) in its TaskCommitMessage; the job
+ * commit (on the driver) checks one message per committed task and keeps their list in this JVM under the
+ * job's S3A committer UUID, where twophase's driver takes it ({@link #take}). Nothing of it is written to S3:
+ * twophase records the uploads in its own log (PENDING) before it completes any; uploads of a job whose list
+ * was never taken are pending uploads of the sink's token, which twophase's sweep aborts.
  */
 public class PendingCommitProtocol extends HadoopMapReduceCommitProtocol {
   private static final long serialVersionUID = 1L;
@@ -86,8 +94,44 @@ public class PendingCommitProtocol extends HadoopMapReduceCommitProtocol {
   }
 
   @Override
+  public FileCommitProtocol.TaskCommitMessage commitTask(TaskAttemptContext taskContext) {
+    super.commitTask(taskContext);  // Spark's commit coordination, then PendingMagicCommitter.commitTask
+    try {
+      return new FileCommitProtocol.TaskCommitMessage(pending.takeCommitted());
+    } catch (IOException e) {
+      throw new UncheckedIOException(e);
+    }
+  }
+
+  /** The job's pending uploads by S3A committer UUID, from the job commit until twophase takes them. */
+  private static final ConcurrentHashMap<String, String> COMMITTED = new ConcurrentHashMap<>();
+
+  /**
+   * The pending uploads of the committed job whose S3A committer UUID is {@code uuid} (a JSON array of
+   * pendingsets, one per committed task), removed from this JVM; null if no such job committed here.
+   */
+  public static String take(String uuid) {
+    return COMMITTED.remove(uuid);
+  }
+
+  /**
+   * Completes nothing, writes nothing: checks one pendingset message per task Spark committed and keeps
+   * their list for {@link #take}. (Not HadoopMapReduceCommitProtocol's: no staging folder to delete, no
+   * absolute-path files to move, both refused at the task.)
+   */
+  @Override
   public void commitJob(JobContext context, Seq<FileCommitProtocol.TaskCommitMessage> taskCommits) {
-    pending.expectTasks(taskCommits.size());
-    super.commitJob(context, taskCommits);
+    String uuid = pending.getUUID();
+    List<String> sets = new ArrayList<>();
+    scala.collection.Iterator<FileCommitProtocol.TaskCommitMessage> it = taskCommits.iterator();
+    while (it.hasNext()) {
+      Object obj = it.next().obj();
+      if (!(obj instanceof String) || !((String) obj).startsWith("{")) {
+        throw new IllegalStateException("twophase: job " + uuid + ": a task's commit message is not a pendingset ("
+            + (obj == null ? "null" : obj.getClass().getName()) + ")");
+      }
+      sets.add((String) obj);
+    }
+    COMMITTED.put(uuid, "[" + String.join(",", sets) + "]");
   }
 }
