@@ -9,23 +9,28 @@ transaction ``(sink id, batch id)``, and adds exactly that batch's rows (duplica
 batch, by the rows' ids, from the Delta log's ``txn`` actions); rows a DML changed or inserted are accounted
 for; every version reads (time travel), except versions whose files VACUUM removed on purpose.
 
-The races are real, one order made deterministic with a gate: a file whose presence makes one of the two tasks
-of a twophase batch wait in Spark's Python worker. So an UPDATE, a MERGE and a batch of Delta's own stream
-commit while a twophase batch is between its first task's pre-commit and its Delta commit. An UPDATE/MERGE
-started while a batch is pre-committed races the batch's commit (it meets the append: Delta retries it, naming
-ConcurrentAppendException, or commits it by its own rules; the run prints which).
+The races are real, their order made deterministic with gates: a file whose presence makes one of the two tasks
+of a twophase batch wait in Spark's Python worker, so an UPDATE, a MERGE and a batch of Delta's own stream
+commit while a twophase batch is between its first task's pre-commit and its Delta commit; and a file whose
+presence makes twophase's commit wait after it read the table's version (``TWOPHASE_DELTA_COMMIT_GATE``), so an
+UPDATE and a MERGE commit between twophase's read and its commit (delta-rs commits the append after them).
 
 VACUUM: with retention respected it never deletes what a twophase batch wrote; ``RETAIN 0 HOURS`` (Delta's
-retention check off) between a batch's pre-commit and its commit deletes the batch's files, which no Delta
-version references yet: the commit finds them gone and the batch fails naming itself (DataLossError, never a
-table referencing deleted files); ``twophase log resolve --accept-loss`` records the loss and the query goes on.
+retention check off) between a batch's pre-commit and its decision deletes the batch's files, which no Delta
+version references yet: the check before the decision (``DeltaCommitter.check_prepared``) finds them gone and
+declines the batch (CheckpointDeclinedError naming it; nothing decided, nothing LOST); the restarted query runs
+it again. The native path (``native_sink("delta")``) likewise, VACUUM run between its rename into the table and
+its decision.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
 import os
-import threading
+import shutil
+import tempfile
 import time
 import urllib.parse
 from collections import Counter
@@ -33,11 +38,18 @@ from collections import Counter
 import pytest
 
 from integration.fileio import INPUT_SCHEMA, check_exactly_once, make_input
+from twophase.sinks.delta import COMMIT_GATE_ENV
 
 pytestmark = [pytest.mark.spark]
 
 SINK_ID = "neighbour"
 ROWS = 40  # rows per input file = per twophase batch (maxFilesPerTrigger 1)
+# twophase-delta's commit gate (sinks/delta.py _commit_gate): set at import, before the session's JVM starts,
+# so that the Python workers that commit inherit it
+if COMMIT_GATE_ENV not in os.environ:
+    os.environ[COMMIT_GATE_ENV] = tempfile.mkdtemp(prefix="twophase-delta-commit-gate-")
+    atexit.register(shutil.rmtree, os.environ[COMMIT_GATE_ENV], True)
+COMMIT_GATES = os.environ[COMMIT_GATE_ENV]
 
 
 def _ids(spark, table: str, **options) -> list[int]:
@@ -181,6 +193,30 @@ class Gate:
         os.remove(self.path + ".entered")
 
 
+def commit_gate() -> Gate:
+    """The gate in twophase-delta's commit: closed, a commit that has read the table's version waits before its
+    Delta commit (see :func:`wait_commit_entered`)."""
+    gate = Gate(COMMIT_GATES, "unused")
+    gate.path = os.path.join(COMMIT_GATES, "delta-commit")
+    return gate
+
+
+def wait_commit_entered(timeout: float = 90) -> tuple[int, int]:
+    """``(checkpoint id, table version it read)`` of the commit that reached the closed commit gate."""
+    path = os.path.join(COMMIT_GATES, "delta-commit.entered")
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(FileNotFoundError):
+            with open(path) as f:
+                text = f.read()
+            if text.endswith("\n"):
+                os.remove(path)
+                cid, version = text.split()[:2]
+                return int(cid), int(version)
+        assert time.monotonic() < deadline, "no twophase commit reached the commit gate"
+        time.sleep(0.02)
+
+
 def wait_one_task_of_two_done(spark, q, timeout: float = 90) -> None:
     """Until a running stage of two tasks (a twophase batch's write) has one task done: that task has
     pre-committed (its files are written and synced, its ack returned); the other waits at a gate."""
@@ -269,9 +305,10 @@ def test_neighbour_update_and_merge_race_twophase_batches(spark, tmp_path):
 
     1. batch 1's first task has pre-committed (its files are written, not in the log), its second waits at a
        gate: an UPDATE and a MERGE commit; then batch 1 commits over them;
-    2. an UPDATE (then a MERGE) starts while batch 2 (then 3) is pre-committed, and the batch's last task is let
-       go: the DML and the batch's commit race (a DML that meets the append is retried, Delta naming the
-       conflict, or committed by Delta's rules).
+    2. forced: twophase's commit of batch 2 (then 3) has read the table's version and waits at the commit gate
+       (sinks/delta.py ``_commit_gate``); an UPDATE (then a MERGE) commits; then delta-rs commits the batch's
+       blind append after the DML's version (read < DML < batch, proven from the versions). Before this, the
+       DML was started 0.5 s before the batch's last task was let go: a race, its order not known.
     """
     folder = str(tmp_path)
     inp, table, ck = str(tmp_path / "in"), str(tmp_path / "table"), str(tmp_path / "ck")
@@ -282,7 +319,7 @@ def test_neighbour_update_and_merge_race_twophase_batches(spark, tmp_path):
     q = start_twophase(spark, inp, table, ck, gated("batch"))
     deadline = time.monotonic() + 240
     conflicts: list[str] = []
-    failed: list[BaseException] = []
+    forced: list[tuple] = []
     try:
         q.processAllAvailable()
         # 1. DML between batch 1's pre-commit and its commit
@@ -295,35 +332,35 @@ def test_neighbour_update_and_merge_race_twophase_batches(spark, tmp_path):
         assert 1 not in _txns(table, SINK_ID).values(), "batch 1 committed through its gate"
         batch_gate.open()
         wait_batch_committed(table, 1)
-        # 2. an UPDATE, then a MERGE, starts while batch 2 (then 3) is pre-committed; the batch's last task is
-        # let go half a second later: the DML's scan and rewrite race the batch's commit (either may land first;
-        # a DML that meets the append is retried by Delta's rules, named in ``conflicts``)
+        # 2. forced: twophase's commit of batch 2 (then 3) has read the table's version (and checked its files);
+        # it waits at the commit gate while an UPDATE (then a MERGE) commits; delta-rs then meets the newer
+        # version and commits its blind append after it (a conflict would fail the query, named)
         mid = {2: f"UPDATE {t} SET payload = 'u2' WHERE id >= 40 AND id < 60",
                3: _merge(table, list(range(60, 70)), list(range(900010, 900015)), "'m2'")}
+        gate = commit_gate()
         for b, sql in mid.items():
-            batch_gate.close()
+            gate.close()
             batches.append(make_input(inp, 1, ROWS, start=ROWS * b))
-            batch_gate.wait_entered()
-            wait_one_task_of_two_done(spark, q)
-
-            def run(sql: str = sql) -> None:
-                try:
-                    _retrying(spark, sql, deadline, conflicts)
-                except BaseException as e:  # noqa: BLE001 - reported by the test thread
-                    failed.append(e)
-            runner = threading.Thread(target=run, daemon=True)
-            runner.start()
-            time.sleep(0.5)
-            batch_gate.open()
+            cid, read = wait_commit_entered()
+            assert cid == b, (cid, b)
+            _retrying(spark, sql, deadline, conflicts)
+            dml = _history(spark, table)[-1]
+            assert dml["operation"] in ("UPDATE", "MERGE") and dml["version"] > read, (dml, read)
+            assert b not in _txns(table, SINK_ID).values(), f"batch {b} committed through the commit gate"
+            gate.open()
             wait_batch_committed(table, b)
-            runner.join(180)
-            assert not runner.is_alive() and not failed, failed
+            mine = next(v for v, x in _txns(table, SINK_ID).items() if x == b)
+            assert read < dml["version"] < mine, (read, dml["version"], mine)
+            forced.append((b, read, dml["operation"], dml["version"], mine))
         q.processAllAvailable()
         assert q.exception() is None, q.exception()
     finally:
         batch_gate.open()
+        commit_gate().open()
         q.stop()
     print("Delta conflicts retried:", conflicts)
+    print("forced (batch, version twophase read, DML, its version, twophase's version):", forced)
+    assert len(forced) == 2
     versions = check_batches(spark, table, batches)
     history = every_version_reads(spark, table, versions)
     ops = [r["operation"] for r in history]
@@ -389,11 +426,12 @@ def test_neighbour_vacuum_and_a_twophase_batch_in_flight(spark, tmp_path):
       retention: they survive and the batch commits, exactly once;
     - with nothing in flight, RETAIN 0 HOURS deletes what OPTIMIZE replaced, never a file the newest version
       references nor twophase's own folder (_twophase/: VACUUM skips hidden folders): the query goes on;
-    - RETAIN 0 HOURS (Delta's retention check turned off) during the window deletes the batch's pre-committed
-      files: the commit finds them gone and the batch fails naming itself (DataLossError), the table never
-      references a deleted file; a restart fails the same way until ``twophase log resolve --accept-loss``.
+    - RETAIN 0 HOURS (Delta's retention check turned off) during the window, before the decision, deletes the
+      batch's pre-committed files: the check before the decision finds them gone and declines the batch
+      (CheckpointDeclinedError naming it, its other files aborted, the table unchanged); the restarted query
+      runs it again: every batch in the table once, no LOST record (before: DataLossError, LOST until
+      ``twophase log resolve --accept-loss``).
     """
-    from twophase.cli import resolve_lost
     folder = str(tmp_path)
     inp, table, ck = str(tmp_path / "in"), str(tmp_path / "table"), str(tmp_path / "ck")
     gated = gate_functions(folder)
@@ -426,7 +464,8 @@ def test_neighbour_vacuum_and_a_twophase_batch_in_flight(spark, tmp_path):
         gate.open()
         wait_batch_committed(table, 1)
         q.processAllAvailable()
-        every_version_reads(spark, table, check_batches(spark, table, batches))  # VACUUM took nothing
+        versions = check_batches(spark, table, batches)
+        every_version_reads(spark, table, versions)  # VACUUM took nothing
         phase("VACUUM kept the in-flight batch 1")
         # nothing in flight: RETAIN 0 HOURS removes what OPTIMIZE replaced, only that
         replaced = _untracked(spark, table)
@@ -437,9 +476,10 @@ def test_neighbour_vacuum_and_a_twophase_batch_in_flight(spark, tmp_path):
         report = check_exactly_once([i for b in batches for i in b], _ids(spark, table))
         assert report.ok, report.line()
         phase("VACUUM RETAIN 0 HOURS, nothing in flight")
-        # RETAIN 0 HOURS inside the window: the batch's files are deleted, the batch fails by name
+        # RETAIN 0 HOURS inside the window, before the decision: the batch's files are deleted; the batch is
+        # declined (nothing decided, every file of it aborted, retriable) and the restart runs it again
         gate.close()
-        lost = make_input(inp, 1, ROWS, start=ROWS * 2)
+        batches.append(make_input(inp, 1, ROWS, start=ROWS * 2))
         gate.wait_entered()
         wait_one_task_of_two_done(spark, q)
         in_flight = {p for p in _untracked(spark, table) if "-00000002-" in p}
@@ -454,22 +494,14 @@ def test_neighbour_vacuum_and_a_twophase_batch_in_flight(spark, tmp_path):
         gate.open()
         q.stop()
     error = _error_text(q)
-    assert "DataLossError" in error and "checkpoint 2" in error and "gone" in error, error
+    # before DeltaCommitter.check_prepared: DataLossError, checkpoint 2 LOST until --accept-loss
+    assert "CheckpointDeclinedError" in error and "checkpoint 2" in error and "gone" in error, error
+    assert "DataLossError" not in error, error
     assert 2 not in _txns(table, SINK_ID).values()
-    assert sorted(_ids(spark, table)) == sorted(i for b in batches for i in b), "the table changed"
-    every_version_reads(spark, table, {}, from_version=max(_txns(table, SINK_ID)))
-    phase("batch 2 failed by name")
-    # a restart does not pass over the loss in silence
-    q = start_twophase(spark, inp, table, ck)
-    try:
-        assert _terminated(q), "a restart committed past the lost batch"
-    finally:
-        q.stop()
-    error = _error_text(q)
-    assert "DataLossError" in error and "checkpoint 2" in error and "gone" in error, error
-    phase("the restart failed by name")
-    # the operator records the loss; the query goes on: batch 2 stays lost (named in the log), batch 3 commits
-    resolve_lost(table, 2, "vacuumed before its commit (test)", sink_id=SINK_ID)
+    assert sorted(_ids(spark, table)) == sorted(i for b in batches[:2] for i in b), "the table changed"
+    assert _untracked(spark, table) == set(), "the declined batch left files in the table"
+    phase("batch 2 declined by name")
+    # the restart (no operator) runs batch 2 again, then batch 3: every batch once, nothing LOST
     batches.append(make_input(inp, 1, ROWS, start=ROWS * 3))
     q = start_twophase(spark, inp, table, ck)
     try:
@@ -477,11 +509,79 @@ def test_neighbour_vacuum_and_a_twophase_batch_in_flight(spark, tmp_path):
         assert q.exception() is None, q.exception()
     finally:
         q.stop()
-    assert sorted(_txns(table, SINK_ID).values()) == [0, 1, 3]
+    # versions before RETAIN 0 HOURS were read then (their replaced files are gone now): the cache has them
+    versions = check_batches(spark, table, batches, versions=versions)
+    every_version_reads(spark, table, versions, from_version=min(v for v, b in _txns(table, SINK_ID).items() if b >= 2))
     report = check_exactly_once([i for b in batches for i in b], _ids(spark, table))
     assert report.ok, report.line()
-    assert not set(lost) & set(_ids(spark, table))
-    phase("resolved, batch 3 committed")
+    assert_no_lost(table)
+    phase("restarted: batches 2 and 3 committed once, nothing LOST")
+
+
+def assert_no_lost(table: str, sink_id: str = SINK_ID) -> None:
+    """twophase's log of ``sink_id`` on ``table`` has no LOST checkpoint."""
+    from twophase.sinks.delta import DeltaSink
+    from twophase.states import CheckpointState
+    records = DeltaSink.from_options({"path": table, "sink.id": sink_id}).transaction_log().records()
+    assert records and not [r.checkpoint_id for r in records if r.state is CheckpointState.LOST]
+
+
+def test_neighbour_vacuum_before_the_native_paths_decision(spark, tmp_path):
+    """The native path (``native_sink("delta")``): VACUUM RETAIN 0 HOURS (retention check off) runs after the
+    driver renamed batch 1's files into the table (no Delta version references them) and before its decision
+    (a hook in the test around the target's ``committables``, in the foreachBatch call). The check before the
+    decision (the native committer is twophase-delta's) declines the batch: CheckpointDeclinedError naming it,
+    nothing decided; the restart runs it again; every batch once, no LOST record (before: DataLossError)."""
+    import twophase.spark
+    inp, table, ck, sid = str(tmp_path / "in"), str(tmp_path / "table"), str(tmp_path / "ck"), "native-neighbour"
+    sink = twophase.spark.native_sink("delta", path=table, checkpointLocation=ck, partitionBy="grp",
+                                      **{"sink.id": sid})
+    renamed_into_table = sink.target.committables
+    vacuumed: list[list[str]] = []
+
+    def committables(batch_id: int, *a, **k):
+        out = renamed_into_table(batch_id, *a, **k)
+        if batch_id == 1 and not vacuumed:
+            files = [f["rel"] for c in out for f in c.files]
+            spark.sql(f"VACUUM delta.`{table}` RETAIN 0 HOURS").collect()
+            vacuumed.append([f for f in files if not os.path.exists(os.path.join(table, f))])
+        return out
+    sink.target.committables = committables
+
+    def start():
+        return (spark.readStream.schema(INPUT_SCHEMA).option("maxFilesPerTrigger", 1).json(inp).writeStream
+                .foreachBatch(sink).option("checkpointLocation", ck).trigger(processingTime="100 milliseconds").start())
+    batches = [make_input(inp, 1, ROWS)]
+    spark.conf.set("spark.sql.sources.parallelPartitionDiscovery.parallelism", "2")
+    spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
+    try:
+        q = start()
+        try:
+            q.processAllAvailable()
+            batches.append(make_input(inp, 1, ROWS, start=ROWS))
+            assert _terminated(q), "the native query went on after its batch's files were deleted"
+        finally:
+            q.stop()
+        error = _error_text(q)
+        assert vacuumed and vacuumed[0], f"VACUUM deleted none of batch 1's files: {vacuumed}"
+        assert "CheckpointDeclinedError" in error and "checkpoint 1" in error and "gone" in error, error
+        assert "DataLossError" not in error, error
+        assert sorted(_ids(spark, table)) == sorted(batches[0]) and list(_txns(table, sid).values()) == [0]
+        batches.append(make_input(inp, 1, ROWS, start=ROWS * 2))
+        q = start()
+        try:
+            q.processAllAvailable()
+            assert q.exception() is None, q.exception()
+        finally:
+            q.stop()
+    finally:
+        spark.conf.unset("spark.databricks.delta.retentionDurationCheck.enabled")
+        spark.conf.unset("spark.sql.sources.parallelPartitionDiscovery.parallelism")
+    every_version_reads(spark, table, check_batches(spark, table, batches, app_id=sid))
+    report = check_exactly_once([i for b in batches for i in b], _ids(spark, table))
+    assert report.ok, report.line()
+    assert _untracked(spark, table) == set(), "a declined attempt left files in the table"
+    assert_no_lost(table, sid)
 
 
 def test_neighbour_delta_spark_stream_appends_beside_twophase(spark, tmp_path):
