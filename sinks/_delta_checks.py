@@ -60,6 +60,9 @@ class TableChecks:
     not_null: tuple[str, ...] = ()
     #: (name, SQL boolean expression) of CHECK constraints, column invariants and generated columns
     checks: tuple[tuple[str, str], ...] = ()
+    #: the table's top-level columns: one a batch does not have is NULL in it, as Delta writes it, when the
+    #: checks are evaluated (CHECK (extra IS NULL OR extra > 0) on a column the stream leaves out)
+    columns: Optional[pa.Schema] = None
 
     def __bool__(self) -> bool:
         return bool(self.not_null or self.checks)
@@ -75,7 +78,8 @@ class TableChecks:
             return self
         nn = set(enforced.get("not_null") or ())
         ck = {tuple(c) for c in enforced.get("checks") or ()}
-        return TableChecks(tuple(p for p in self.not_null if p not in nn), tuple(c for c in self.checks if c not in ck))
+        return TableChecks(tuple(p for p in self.not_null if p not in nn), tuple(c for c in self.checks if c not in ck),
+                           self.columns)
 
     def enforce(self, batch: pa.RecordBatch) -> None:
         """Raise ConstraintViolationError if any row of ``batch`` breaks a requirement of the table."""
@@ -88,7 +92,7 @@ class TableChecks:
                                                "the batch hold null there; nothing of the batch was committed. Filter "
                                                "or fill them in the query (coalesce, na.fill), or drop the NOT NULL")
         if self.checks:
-            ctx = _datafusion_context(batch)
+            ctx = _datafusion_context(batch, self.columns)
             for name, expr in self.checks:
                 bad = _violations(ctx, expr)
                 if bad:
@@ -113,14 +117,22 @@ def _nulls(batch: pa.RecordBatch, path: str) -> int:
     return int(pc.sum(nulls.cast(pa.int64())).as_py() or 0)
 
 
-def _datafusion_context(batch: pa.RecordBatch) -> Any:
+def _datafusion_context(batch: pa.RecordBatch, columns: Optional[pa.Schema] = None) -> Any:
+    """A DataFusion session with ``batch`` as table ``t``: its columns under lower-case names, and each of
+    ``columns`` (the table's) the batch lacks as a column of NULLs."""
     from twophase._versions import require
     require("datafusion", what=f"{SINK} on a table with CHECK constraints or generated columns")
     import datafusion
     ctx = datafusion.SessionContext()
     # Spark resolves identifiers case-insensitively: the columns under their lower-case names, which is what
     # DataFusion makes of unquoted identifiers, and _datafusion_sql of quoted ones
-    ctx.register_record_batches("t", [[batch.rename_columns([_lower(n) for n in batch.schema.names])]])
+    names = [_lower(n) for n in batch.schema.names]
+    arrays = list(batch.columns)
+    for f in columns or ():
+        if _lower(f.name) not in names:
+            names.append(_lower(f.name))
+            arrays.append(pa.nulls(batch.num_rows, f.type))
+    ctx.register_record_batches("t", [[pa.RecordBatch.from_arrays(arrays, names=names)]])
     return ctx
 
 
@@ -372,14 +384,15 @@ def table_checks(dt: Any, stream: pa.Schema) -> TableChecks:
     for key, expr in sorted(config.items()):
         if key.startswith("delta.constraints."):
             checks.append((f"CHECK constraint {key[len('delta.constraints.'):]!r}", expr))
-    out = TableChecks(tuple(p for p in not_null if p.split(".")[0] in stream.names), tuple(checks))
+    out = TableChecks(tuple(p for p in not_null if p.split(".")[0] in stream.names), tuple(checks),
+                      pa.schema(dt.schema().to_arrow()) if checks else None)
     missing_not_null = [p for p in not_null if "." not in p and p not in stream.names]
     if missing_not_null:
         raise ConfigurationError(f"{SINK}: the table {dt.table_uri} has NOT NULL columns the stream does not provide: "
                                  f"{missing_not_null}; select them in the query")
     if out.checks:  # refuse, on the driver, an expression that cannot be evaluated
         empty = pa.RecordBatch.from_pylist([], schema=stream)
-        ctx = _datafusion_context(empty)
+        ctx = _datafusion_context(empty, out.columns)
         for name, expr in out.checks:
             try:
                 _violations(ctx, expr)

@@ -9,10 +9,17 @@ between the committer's read of the table (its protocol and constraint checks) a
 
 from __future__ import annotations
 
+import os
+
 import pyarrow as pa
 import pytest
 
 pytestmark = [pytest.mark.spark]
+
+#: the races, protocol versions, deletion-vector/CDF and native-path cases (~40 s; they found nothing broken)
+#: run with TWOPHASE_DELTA_REVIEW=1; the expression-semantics cases (the defects this review fixed) always run
+full_review = pytest.mark.skipif(os.environ.get("TWOPHASE_DELTA_REVIEW") != "1",
+                                 reason="TWOPHASE_DELTA_REVIEW=1 runs it (docs/development.md)")
 
 SCHEMA = pa.schema([("id", pa.int64()), ("grp", pa.string()), ("payload", pa.string())])
 
@@ -83,6 +90,7 @@ RACED = [
 ]
 
 
+@full_review
 @pytest.mark.parametrize("stmt,error,named", RACED, ids=[r[2] for r in RACED])
 def test_table_changed_between_the_commit_checks_and_the_delta_commit_commits_nothing(
         spark, tmp_path, before_delta_commit, stmt, error, named):
@@ -106,6 +114,7 @@ def test_table_changed_between_the_commit_checks_and_the_delta_commit_commits_no
     assert spark_ids(spark, path) == [0, 1, 2]
 
 
+@full_review
 def test_feature_enabled_between_write_and_commit_refused_by_delta_spark_alter(spark, tmp_path):
     """delta-spark enables a refused feature after the batch's tasks wrote it, before the commit: refused by
     name at commit, nothing committed (the fast test of this writes the protocol by hand; here delta-spark's
@@ -146,20 +155,38 @@ SPARK_SEMANTICS = [
 ]
 
 
-@pytest.mark.parametrize("name,expr,ok,bad", SPARK_SEMANTICS, ids=[s[0] for s in SPARK_SEMANTICS])
+#: divergences not fixed (DataFusion's functions are not Spark's): strict xfail, see the final report of the review
+SPARK_FUNCTIONS = [
+    # Spark's concat is NULL if an argument is; DataFusion's skips NULLs: a row with a null payload gets through
+    pytest.param("concat_null", "length(concat(grp, payload)) > 0", [1], [None], marks=pytest.mark.xfail(
+        strict=True, reason="silent: DataFusion's concat skips NULL arguments, Spark's returns NULL")),
+    # Spark's substring counts position 0 as 1; DataFusion's (SQL's) starts before the string: 'ro' not 'row'
+    pytest.param("substring_zero", "substring(payload, 0, 3) = 'row'", [1], [], marks=pytest.mark.xfail(
+        strict=True, reason="loud: DataFusion's substring(s, 0, n) returns n - 1 characters, Spark's n")),
+]
+
+
+@pytest.mark.parametrize("name,expr,ok,bad", SPARK_SEMANTICS + SPARK_FUNCTIONS,
+                         ids=[s[0] for s in SPARK_SEMANTICS] + ["concat_null", "substring_zero"])
 def test_check_constraint_evaluated_as_delta_spark_does(spark, tmp_path, name, expr, ok, bad):
     """A CHECK constraint delta-spark added: every row delta-spark's INSERT refuses, twophase refuses (its batch
     fails, nothing of it committed), and every row delta-spark accepts, twophase writes."""
     from twophase.errors import ConstraintViolationError
     path = str(tmp_path / "t")
     create(spark, path, after=(f"ALTER TABLE {{t}} ADD CONSTRAINT c_{name} CHECK ({expr})",))
+    def one(i):  # id i (None: id 1000 with a null payload)
+        if i is None:
+            return pa.record_batch({"id": [1000], "grp": ["g"], "payload": [None]}, schema=SCHEMA)
+        return rows([i])
+
     for i in bad:  # the judge: delta-spark refuses each of them
+        values = "1000, 'g', NULL" if i is None else f"{i}, 'g', 'row-{i}'"
         with pytest.raises(Exception, match="(?i)CHECK constraint|violat"):
-            spark.sql(f"INSERT INTO delta.`{path}` VALUES ({i}, 'g', 'row-{i}')")
+            spark.sql(f"INSERT INTO delta.`{path}` VALUES ({values})")
     sink = sink_for(path)
     for cid, i in enumerate(bad):
         with pytest.raises(ConstraintViolationError, match=f"c_{name}"):
-            complete(sink, cid, write(sink, cid, rows([i])))
+            complete(sink, cid, write(sink, cid, one(i)))
     assert spark_ids(spark, path) == [], "twophase committed rows that break the table's CHECK constraint"
     assert complete(sink, 100, write(sink, 100, rows(ok))) == "COMMITTED"
     assert spark_ids(spark, path) == sorted(ok)
@@ -178,6 +205,18 @@ def test_check_constraint_on_a_mixed_case_column(spark, tmp_path):
     assert complete(sink, 1, write(sink, 1, pa.record_batch({"userId": [1], "grp": ["g"]}, schema=schema))) \
         == "COMMITTED"
     assert [r[0] for r in spark.read.format("delta").load(path).select("userId").collect()] == [1]
+
+
+def test_check_constraint_on_a_column_the_stream_does_not_have(spark, tmp_path):
+    """CHECK (extra IS NULL OR extra > 0) on a nullable column the stream leaves out: delta-spark's INSERT of the
+    other columns writes NULL there and passes; twophase must write the stream (the column is NULL) too."""
+    path = str(tmp_path / "t")
+    create(spark, path, "id BIGINT, grp STRING, payload STRING, extra BIGINT",
+           after=("ALTER TABLE {t} ADD CONSTRAINT ex CHECK (extra IS NULL OR extra > 0)",))
+    spark.sql(f"INSERT INTO delta.`{path}` (id, grp, payload) VALUES (1000, 'g', 'row-1000')")
+    sink = sink_for(path)
+    assert complete(sink, 0, write(sink, 0, rows([1, 2]))) == "COMMITTED"
+    assert spark_ids(spark, path) == [1, 2, 1000]
 
 
 def test_generated_column_with_spark_division_written(spark, tmp_path):
@@ -206,6 +245,7 @@ LEGACY = [
 ]
 
 
+@full_review
 @pytest.mark.parametrize("reader,writer,props,written", LEGACY, ids=[f"r{r}w{w}" for r, w, _, _ in LEGACY])
 def test_legacy_protocol_versions(spark, tmp_path, reader, writer, props, written):
     from twophase.errors import UnsupportedTableFeatureError
@@ -247,3 +287,81 @@ def test_table_after_drop_feature(spark, tmp_path):
         return
     assert complete(sink, 0, write(sink, 0, rows(range(3)))) == "COMMITTED"
     assert spark_ids(spark, path) == [0, 1, 2]
+
+
+# --------------------------------------------------------------------------- deletion vectors, change data feed
+
+@full_review
+def test_delete_racing_twophase_commit_on_a_deletion_vector_and_cdf_table(spark, tmp_path, before_delta_commit):
+    """deletionVectors + changeDataFeed: delta-spark DELETEs rows of twophase's own file (a deletion vector on it)
+    and OPTIMIZEs, each between twophase's commit checks and its Delta commit; delta-rs writes checkpoints
+    (interval 2) after twophase's commits. delta-spark then reads: deleted rows stay deleted, every other row
+    once, and the change feed has an insert per twophase row and a delete per deleted row."""
+    path = str(tmp_path / "t")
+    create(spark, path, props="TBLPROPERTIES ('delta.enableDeletionVectors' = 'true', "
+                              "'delta.enableChangeDataFeed' = 'true', 'delta.checkpointInterval' = '2')")
+    sink = sink_for(path)
+    t = f"delta.`{path}`"
+    assert complete(sink, 0, write(sink, 0, rows(range(0, 10)))) == "COMMITTED"
+    before_delta_commit(lambda: spark.sql(f"DELETE FROM {t} WHERE id IN (3, 4)"))
+    assert complete(sink, 1, write(sink, 1, rows(range(10, 20)))) == "COMMITTED"
+    ops = {r["operation"]: r for r in spark.sql(f"DESCRIBE HISTORY {t}").collect()}
+    assert int(ops["DELETE"]["operationMetrics"]["numDeletionVectorsAdded"]) == 1, ops["DELETE"]
+    before_delta_commit(lambda: spark.sql(f"DELETE FROM {t} WHERE id = 15"))
+    assert complete(sink, 2, write(sink, 2, rows(range(20, 30)))) == "COMMITTED"
+    before_delta_commit(lambda: spark.sql(f"OPTIMIZE {t}"))
+    assert complete(sink, 3, write(sink, 3, rows(range(30, 40)))) == "COMMITTED"
+    assert complete(sink, 4, write(sink, 4, rows(range(40, 50)))) == "COMMITTED"
+    expected = [i for i in range(50) if i not in (3, 4, 15)]
+    assert spark_ids(spark, path) == expected
+    assert any(n.endswith(".checkpoint.parquet") for n in __import__("os").listdir(path + "/_delta_log"))
+    changes = (spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", 1).load(path)
+               .select("id", "_change_type").collect())
+    got = sorted((r["id"], r["_change_type"]) for r in changes)
+    assert got == sorted([(i, "insert") for i in range(50)] + [(i, "delete") for i in (3, 4, 15)]), got
+
+
+# --------------------------------------------------------------------------- timestamp_ntz
+
+NTZ = ["0001-01-01 00:00:00", "1899-12-31 23:59:59.999999", "2024-03-10 02:30:00.654321", "9999-12-31 23:59:59.999999"]
+
+
+def test_timestamp_ntz_extremes_round_trip_and_filter_through_stats(spark, tmp_path):
+    """timestamp_ntz values at the ends of Delta's range and with microseconds: delta-spark reads each exactly, and
+    a filter on each one (data skipping on the min/max statistics twophase writes) finds its row."""
+    import datetime as dt
+    path = str(tmp_path / "t")
+    create(spark, path, "id BIGINT, ntz TIMESTAMP_NTZ")
+    schema = pa.schema([("id", pa.int64()), ("ntz", pa.timestamp("us"))])
+    values = [dt.datetime.fromisoformat(v) for v in NTZ]
+    sink = sink_for(path, schema)
+    batch = pa.record_batch({"id": list(range(len(values))), "ntz": pa.array(values, pa.timestamp("us"))},
+                            schema=schema)
+    assert complete(sink, 0, write(sink, 0, batch)) == "COMMITTED"
+    t = f"delta.`{path}`"
+    got = sorted(tuple(r) for r in spark.sql(f"SELECT id, CAST(ntz AS STRING) FROM {t}").collect())
+    assert got == [(i, v.rstrip("0").rstrip(".") if "." in v else v) for i, v in enumerate(NTZ)], got
+    for i, v in enumerate(NTZ):
+        for op in ("=", ">=", "<="):
+            found = [r[0] for r in spark.sql(f"SELECT id FROM {t} WHERE ntz {op} TIMESTAMP_NTZ'{v}'").collect()]
+            assert i in found, (op, v, found)
+
+
+# --------------------------------------------------------------------------- the native path
+
+@full_review
+def test_native_path_refuses_a_feature_enabled_between_its_batches(spark, tmp_path):
+    """native_sink('delta'): a feature delta-spark enables after the query's first batch is refused by name at the
+    next commit; nothing of that batch is in the table."""
+    from integration.delta_spark.test_delta_features import stream
+    from integration.fileio import make_input
+    table, inp, ck = str(tmp_path / "t"), str(tmp_path / "in"), str(tmp_path / "ck")
+    create(spark, table)
+    ids = make_input(inp, 1, 10)
+    stream(spark, inp, table, ck, "native")
+    assert spark_ids(spark, table) == ids
+    spark.sql(f"ALTER TABLE delta.`{table}` SET TBLPROPERTIES ('delta.enableTypeWidening' = 'true')")
+    make_input(inp, 1, 10, start=10)
+    with pytest.raises(Exception, match=r"UnsupportedTableFeatureError[\s\S]*typeWidening"):
+        stream(spark, inp, table, ck, "native")
+    assert spark_ids(spark, table) == ids
