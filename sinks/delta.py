@@ -31,7 +31,9 @@ Invariants (``test_delta_sink_invN_*``):
 
 1. Rows become visible only through the checkpoint's single Delta commit: all of a checkpoint or none.
 2. A checkpoint is committed at most once: the commit is skipped when the table's transaction version
-   for the app id is already ``>= checkpoint id`` (delta-rs accepts duplicates, so the check is ours).
+   for the app id is already ``>= checkpoint id`` (delta-rs accepts duplicates, so the check is ours), or,
+   on a table whose ``delta.setTransactionRetentionDuration`` expires app transactions, when the history
+   since this sink's previous commit has the checkpoint's commitInfo (:meth:`DeltaCommitter._in_history`).
 3. ``abort`` deletes only files of the handle that no Delta commit added (if the table has the
    handle's checkpoint, that commit's files are read first and kept), and a commit never adds a file
    that is gone (the checkpoint is LOST instead: a table never references a missing file). A file gone
@@ -1109,7 +1111,7 @@ class DeltaCommitter(SinkCommitter[DeltaCommittable]):
                 raise TwoPhaseError(f"twophase-delta: the table {self.uri} is gone; checkpoint {checkpoint_id} cannot "
                                     "be committed")
             done = dt.transaction_version(self.sink_id)
-            if done is not None and done >= checkpoint_id:
+            if (done is not None and done >= checkpoint_id) or self._in_history(dt, checkpoint_id, done):
                 _log.info("delta_already_committed", sink_id=self.sink_id, checkpoint_id=checkpoint_id, table_txn=done)
                 self.sink.sync_commit(checkpoint_id)  # a crashed predecessor may have committed it without fsync
                 return [CommitResult(h, CommitStatus.ALREADY_COMMITTED) for h in handles]
@@ -1146,6 +1148,33 @@ class DeltaCommitter(SinkCommitter[DeltaCommittable]):
                   records=sum(int(f.get("records", 0)) for f in files), recovering=recovering)
         faults.maybe_crash("mid_commit", checkpoint_id)
         return [CommitResult(h, CommitStatus.COMMITTED) for h in handles]
+
+    def _in_history(self, dt: Any, checkpoint_id: int, done: Optional[int]) -> bool:
+        """Whether the table has a commit of ``checkpoint_id`` that its app transaction no longer shows: only on a
+        table with ``delta.setTransactionRetentionDuration``, which expires app transactions (delta-rs then drops
+        them from the snapshot, and an older checkpoint's files, compacted away by OPTIMIZE, would be added
+        again). Reads the history newest first (16, then 4x more entries) and stops at this sink's commit of an
+        older checkpoint: the commits since this sink's previous one, not the table. A history that no longer
+        reaches the checkpoint (its log entries cleaned up) answers no."""
+        if "delta.setTransactionRetentionDuration" not in (dt.metadata().configuration or {}):
+            return False
+        limit = 16
+        while True:
+            entries = dt.history(limit)
+            for e in entries:
+                if e.get("twophase.sink_id") != self.sink_id or e.get("twophase.checkpoint_id") is None:
+                    continue
+                cid = int(e["twophase.checkpoint_id"])
+                if cid == checkpoint_id:
+                    _log.warning("delta_commit_found_in_history", sink_id=self.sink_id, checkpoint_id=checkpoint_id,
+                                 table_txn=done, version=e.get("version"), meaning="the table's app transaction for "
+                                 "this sink expired (delta.setTransactionRetentionDuration); the commit is not made again")
+                    return True
+                if cid < checkpoint_id:
+                    return False
+            if len(entries) < limit:
+                return False
+            limit *= 4
 
     def _recheck(self, checkpoint_id: int, handles: Sequence[DeltaCommittable], dt: Any) -> None:
         """Invariant 6 at commit: the rows of ``handles`` against every requirement the table gained after their
@@ -1210,6 +1239,8 @@ class DeltaCommitter(SinkCommitter[DeltaCommittable]):
         dt = self._table()
         done = None if dt is None else dt.transaction_version(self.sink_id)
         if done is not None and done >= checkpoint_id:  # committed already: its files may since be vacuumed
+            return []
+        if dt is not None and self._in_history(dt, checkpoint_id, done):
             return []
         found = [f"task {h.task_id}: {len(missing)} of its {len(h.files)} pre-committed data files are gone "
                  f"(deleted or vacuumed before the decision, no Delta version references them): {missing[:5]}"

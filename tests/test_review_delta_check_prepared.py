@@ -242,10 +242,6 @@ def test_review_delta_runtime_a_carried_transaction_committed_by_a_later_checkpo
     assert sorted(DeltaTable(uri).to_pyarrow_table().column("id").to_pylist()) == [*range(0, 10), *range(100, 110)]
 
 
-@pytest.mark.xfail(strict=True, reason="review finding (session 15): twophase-delta tells a committed checkpoint by "
-                   "the table's app transaction alone; delta.setTransactionRetentionDuration expires it (delta-rs drops "
-                   "it from the snapshot), so a recovery later than that, after an OPTIMIZE, re-adds the compacted files: "
-                   "rows doubled (fix: fall back to the history's commitInfo twophase.checkpoint_id, or refuse the property)")
 def test_review_delta_a_checkpoint_committed_before_the_app_transaction_expired_is_not_committed_again(
         tmp_path, monkeypatch) -> None:
     """The driver dies between the Delta commit of checkpoint 1 and COMMITTED. The table has
@@ -254,7 +250,8 @@ def test_review_delta_a_checkpoint_committed_before_the_app_transaction_expired_
     disk until VACUUM's 7 days); another writer commits after the retention passed. Recovery asks the table
     whether it has checkpoint 1: the app transaction is gone from the snapshot, the files are there, so it
     adds them again and every row of checkpoint 1 is doubled (without the OPTIMIZE, re-adding the same paths
-    changes nothing: Delta keys files by path)."""
+    changes nothing: Delta keys files by path). Was a strict xfail (20 rows doubled); fixed by
+    DeltaCommitter._in_history (the history's commitInfo when the table sets the property)."""
     import time
     from deltalake import write_deltalake
     uri = str(tmp_path / "t")
