@@ -32,20 +32,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Optional
 
-from twophase.errors import TwoPhaseError
 from twophase.states import CheckpointState
 
 if TYPE_CHECKING:  # pragma: no cover
     from twophase.sinks.postgres import PostgresSink
 
 PRUNED, CHECKED, CHECKED_FROM, UNSETTLED = "pruned:", "checked:", "checked-from:", "unsettled:"
-
-
-class CommitOutcomeUnknownError(TwoPhaseError):
-    """A gid is gone from ``pg_prepared_xacts`` and neither its commit nor its loss can be proven (its marker and its
-    log record were both removed before a sweep could keep what they said). Not retried: an operator decides."""
-
-    retriable = False
 
 
 def _row(conn: Any, sink: "PostgresSink", gid: str) -> Optional[int]:

@@ -65,8 +65,8 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 from twophase._logging import get_logger
 from twophase._redact import redact_text, redact_values
-from twophase.errors import (ConfigurationError, ConstraintViolationError, DataLossError, LogCorruptError,
-                             TransientSinkError)
+from twophase.errors import (CommitOutcomeUnknownError, ConfigurationError, ConstraintViolationError, DataLossError,
+                             LogCorruptError, TransientSinkError)
 from twophase.sink import CommitStatus, Guarantee, TransactionContext, sink_token
 from twophase.user_sink import TwoPhaseCommitSink, _UserCommitter
 
@@ -74,7 +74,7 @@ from twophase.sinks._postgres_checks import DestinationChecks, _psycopg, _quote_
 from twophase.sinks._postgres_copy import binary_types, encode_binary
 from twophase.sinks._postgres_attempts import (attempt_segment, completion_guard, new_run_token, rollback_aborted,
                                                rollback_dead)
-from twophase.sinks._postgres_proof import CommitOutcomeUnknownError, prune_markers, settle_gone
+from twophase.sinks._postgres_proof import prune_markers, settle_gone
 from twophase.sinks._postgres_waits import WATCHER
 
 _log = get_logger(__name__)

@@ -98,6 +98,14 @@ class CommitFailedError(TwoPhaseError):
     retriable = True
 
 
+class CommitOutcomeUnknownError(TwoPhaseError):
+    """Whether a decided checkpoint's transaction was committed can no longer be proven either way (twophase-postgres:
+    a gid gone from ``pg_prepared_xacts`` whose marker and log record were both removed before a sweep could keep
+    what they said). Never turned into LOST or ALREADY_COMMITTED by a guess; not retried: an operator decides."""
+
+    retriable = False
+
+
 class TransientSinkError(TwoPhaseError):
     """A sink hit a transient I/O problem; the task or commit may be retried."""
 
