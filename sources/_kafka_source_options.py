@@ -105,7 +105,7 @@ _RDKAFKA_SOURCE_OWN = {
 }
 #: librdkafka-only names of connection and security settings: the driver's kafka-python connections (offsets,
 #: topic checks) must use them too, so they are taken under their Spark / kafka-python names only
-_RDKAFKA_CONNECTION_PREFIXES = ("security.", "sasl.", "ssl.", "bootstrap.", "metadata.broker.list",
+_RDKAFKA_CONNECTION_PREFIXES = ("security.", "sasl.", "ssl.", "ssl_", "bootstrap.", "metadata.broker.list",
                                  # review 15: TLS / OAUTHBEARER switches named otherwise (executors only, silently)
                                  "enable.ssl.", "enable.sasl.", "https.")
 

@@ -148,7 +148,8 @@ def test_an_invalid_value_of_a_known_librdkafka_property_is_still_shown() -> Non
 
 @pytest.mark.parametrize("name, value", [("kafka.enable.ssl.certificate.verification", "false"),
                                          ("kafka.enable.sasl.oauthbearer.unsecure.jwt", "true"),
-                                         ("kafka.https.ca.location", "/tmp/ca.pem")])
+                                         ("kafka.https.ca.location", "/tmp/ca.pem"),
+                                         ("kafka.ssl_engine_id", "dynamic")])   # the sink refuses ssl_ already
 def test_librdkafka_only_security_names_without_the_ssl_sasl_prefix_are_refused(name, value) -> None:
     """Review 15 finding B2: the connection / security names librdkafka alone has are refused (the driver's
     kafka-python connections must use the same settings), but those not starting with ssl./sasl./security. were
