@@ -11,7 +11,7 @@ import os
 import re
 from typing import Any, Mapping, Optional
 
-from twophase._kafka import CLIENTS, kafka_python_config, librdkafka_config
+from twophase._kafka import CLIENTS, RDKAFKA_CONNECTION_PREFIXES, kafka_python_config, librdkafka_config
 from twophase._logging import get_logger
 from twophase._redact import safe_repr
 from twophase.errors import ConfigurationError
@@ -73,10 +73,6 @@ _RDKAFKA_SINK_OWN = {
     "transactional.id": _RESERVED["transactional.id"],
     "partitioner": _RESERVED["partitioner"],
 }
-#: librdkafka-only names of connection and security settings: the driver's kafka-python connections (EndTxn,
-#: fencing, probing, topic checks) must use them too, so they are taken under their Spark / kafka-python names only
-_RDKAFKA_CONNECTION_PREFIXES = ("security.", "sasl.", "ssl.", "ssl_", "enable.ssl.", "bootstrap.",
-                                "metadata.broker.list")
 #: librdkafka-only names of properties a kafka-python setting also sets (librdkafka's aliases): both given must agree
 _RDKAFKA_ALIASES = {"queue.buffering.max.ms": "linger.ms", "compression.codec": "compression.type"}
 
@@ -173,7 +169,7 @@ def split_client_options(kraw: Mapping[str, Any], defaults: Mapping[str, Any], c
                 f"{SINK}: option {key!r} is not a kafka-python producer setting ({name.replace('.', '_')!r}), and the "
                 f"writer in use is kafka-python (option kafkaClient=kafka-python){hint}; otherwise drop it, or use the "
                 "name of one of kafka-python's KafkaProducer settings (kafka.<setting with dots>)")
-        if name.startswith(_RDKAFKA_CONNECTION_PREFIXES):
+        if name.startswith(RDKAFKA_CONNECTION_PREFIXES):
             raise ConfigurationError(
                 f"{SINK}: option {key!r} is a librdkafka-only connection setting (kafkaClient=librdkafka); the "
                 "driver's Kafka connections (kafka-python: EndTxn, fencing, topic checks) need it too, so give it under "

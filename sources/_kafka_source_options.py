@@ -15,7 +15,7 @@ import uuid
 
 import pyarrow as pa
 
-from twophase._kafka import CLIENTS, kafka_python_config, librdkafka_config
+from twophase._kafka import CLIENTS, RDKAFKA_CONNECTION_PREFIXES, kafka_python_config, librdkafka_config
 from twophase._logging import get_logger
 from twophase._redact import safe_repr
 from twophase.errors import ConfigurationError, MissingDependencyError
@@ -103,11 +103,6 @@ _RDKAFKA_SOURCE_OWN = {
     "enable.partition.eof": "the source's reader needs the end-of-partition events",
     "auto.offset.reset": "use option 'startingOffsets'",
 }
-#: librdkafka-only names of connection and security settings: the driver's kafka-python connections (offsets,
-#: topic checks) must use them too, so they are taken under their Spark / kafka-python names only
-_RDKAFKA_CONNECTION_PREFIXES = ("security.", "sasl.", "ssl.", "ssl_", "bootstrap.", "metadata.broker.list",
-                                 # review 15: TLS / OAUTHBEARER switches named otherwise (executors only, silently)
-                                 "enable.ssl.", "enable.sasl.", "https.")
 
 
 def _kafka_python_takes(name: str, defaults: Mapping[str, Any]) -> bool:
@@ -188,7 +183,7 @@ def split_client_options(kraw: Mapping[str, Any], defaults: Mapping[str, Any], c
         if name in _RDKAFKA_SOURCE_OWN:
             raise ConfigurationError(f"{SOURCE}: option {key!r} (a librdkafka property, kafkaClient=librdkafka) cannot "
                                      f"be set: {_RDKAFKA_SOURCE_OWN[name]}")
-        if name.startswith(_RDKAFKA_CONNECTION_PREFIXES):
+        if name.startswith(RDKAFKA_CONNECTION_PREFIXES):
             raise ConfigurationError(
                 f"{SOURCE}: option {key!r} is a librdkafka-only connection setting (kafkaClient=librdkafka); the "
                 "driver's Kafka connections (kafka-python) need it too, so give it under its Spark / kafka-python name "

@@ -184,3 +184,19 @@ def test_librdkafka_debug_logs_of_the_producer_carry_no_secret(debug: str) -> No
         log.setLevel(level)
     assert lines and not [line for line in lines if SECRET in line]
     assert SECRET not in repr(KafkaSinkOptions.from_options(raw))
+
+
+@pytest.mark.parametrize("name, value", [
+    ("enable.ssl.certificate.verification", "false"),
+    ("enable.sasl.oauthbearer.unsecure.jwt", "true"),
+    ("https.ca.location", "/etc/ssl/ca.pem"),
+    ("ssl_key", "-----BEGIN PRIVATE KEY-----x"),
+])
+def test_tls_and_oauthbearer_switches_named_otherwise_are_refused_by_the_sink_as_by_the_source(name: str,
+                                                                                                value: str) -> None:
+    """Review 15 (b3cb11a) closed these on the source; the sink accepted ``enable.sasl.*`` and ``https.*``, which would
+    weaken the executors' connections alone (the driver's kafka-python ones keep checking). One prefix list serves
+    both now (twophase._kafka.RDKAFKA_CONNECTION_PREFIXES)."""
+    with pytest.raises(ConfigurationError, match="connection setting") as e:
+        KafkaSinkOptions.from_options({**BASE, f"kafka.{name}": value})
+    assert f"'kafka.{name}'" in str(e.value) and "PRIVATE KEY" not in str(e.value)

@@ -12,6 +12,12 @@ from twophase.errors import ConfigurationError
 
 #: option kafkaClient of the sink and the source: the executors' client library
 CLIENTS = ("librdkafka", "kafka-python")
+#: librdkafka-only names of connection and security settings, refused by the sink and the source alike: the driver's
+#: kafka-python connections (EndTxn, fencing, offsets, topic checks) must use them too, so they are taken under their
+#: Spark / kafka-python names only; TLS and OAUTHBEARER switches named without ``ssl.`` / ``sasl.`` (review 15) would
+#: otherwise weaken the executors' connections alone, silently
+RDKAFKA_CONNECTION_PREFIXES = ("security.", "sasl.", "ssl.", "ssl_", "bootstrap.", "metadata.broker.list",
+                               "enable.ssl.", "enable.sasl.", "https.")
 
 
 def kafka_python_config(raw: Mapping[str, Any], defaults: Mapping[str, Any], *, what: str,
