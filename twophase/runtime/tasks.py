@@ -10,7 +10,8 @@ Invariants (``test_tasks_invN_*``):
    the barrier separates exactly the records before the recorded positions from those after.
 2. A sink task pre-commits its open transaction when it takes part in checkpoint n (barrier or,
    after its input ended, a direct trigger), opens the next one, and acks with *every* handle it
-   pre-committed and that no completed checkpoint committed yet: a handle whose checkpoint was
+   pre-committed and that no completed checkpoint committed yet (listing the checkpoint each was
+   pre-committed at, ``at``: committer invariant 4): a handle whose checkpoint was
    aborted is carried into the next ack, never lost. The notification that checkpoint m completed
    drops the handles pre-committed at or before m.
 3. A task never acks a checkpoint it did not snapshot; a finished task's final state is acked by
