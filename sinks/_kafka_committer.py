@@ -106,7 +106,8 @@ class KafkaCommitter(SinkCommitter[KafkaCommittable]):
                     "check, likely before its EndTxn)")
         if gone:
             _log.warning("prepared_transactions_gone", checkpoint_id=checkpoint_id, transactional_ids=sorted(gone),
-                         consequence="the batch is declined before the decision and runs again")
+                         consequence="the checkpoint is declined before the decision (a Spark batch runs again, "
+                         "the runtime fails over, a batch write must be re-run)")
         hint = ("raise kafka.transaction.timeout.ms (and the brokers' transaction.max.timeout.ms) if batches, with "
                 "their task re-runs and broker outages, outlive it")
         found = [gone[c.transactional_id] for c in live if c.transactional_id in gone]

@@ -1246,8 +1246,8 @@ class DeltaCommitter(SinkCommitter[DeltaCommittable]):
                  f"(deleted or vacuumed before the decision, no Delta version references them): {missing[:5]}"
                  for h, missing in lost if missing]
         _log.warning("delta_prepared_files_gone", sink_id=self.sink_id, checkpoint_id=checkpoint_id,
-                     files=sum(len(m) for _, m in lost), consequence="the batch is declined before the decision "
-                     "and runs again")
+                     files=sum(len(m) for _, m in lost), consequence="the checkpoint is declined before the "
+                     "decision (a Spark batch runs again, the runtime fails over, a batch write must be re-run)")
         hint = ("VACUUM deletes files no Delta version references once they are older than its retention: never "
                 "VACUUM this table with a retention below the longest batch (RETAIN 0 HOURS needs "
                 "spark.databricks.delta.retentionDurationCheck.enabled=false, which is what allows it)")
