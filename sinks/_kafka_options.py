@@ -11,7 +11,8 @@ import os
 import re
 from typing import Any, Mapping, Optional
 
-from twophase._kafka import CLIENTS, RDKAFKA_CONNECTION_PREFIXES, kafka_python_config, librdkafka_config
+from twophase._kafka import CLIENTS, kafka_python_config, librdkafka_config
+from twophase._kafka_client_options import librdkafka_verdict, split_client_options as _split
 from twophase._logging import get_logger
 from twophase._redact import safe_repr
 from twophase.errors import ConfigurationError
@@ -83,51 +84,10 @@ def _kafka_python_takes(name: str, defaults: Mapping[str, Any]) -> bool:
             or name.replace(".", "_") in defaults)
 
 
-def _client_versions() -> str:
-    try:
-        import confluent_kafka
-        version, lib = confluent_kafka.version(), confluent_kafka.libversion()
-        return (f"confluent-kafka {version[0] if isinstance(version, tuple) else version}, "
-                f"librdkafka {lib[0] if isinstance(lib, tuple) else lib}")
-    except Exception:  # noqa: BLE001 - informational  # pragma: no cover
-        return "confluent-kafka"
-
-
 def librdkafka_producer_verdict(name: str, value: str) -> Optional[str]:
     """What the installed librdkafka says of producer property ``name=value`` in a transactional producer (as the
-    sink's): None if it takes it, else its reason ("No such configuration property", "Invalid value ...", "a
-    consumer property", "`acks` must be set to `all` ..."). A producer is configured, never connected (no bootstrap
-    servers, no ``init_transactions``), and closed at once; its log lines are kept out of the logs. The reason never
-    shows the value of a secret-named property (:mod:`twophase._redact`)."""
-    import logging
-    from confluent_kafka import KafkaException, Producer
-    from twophase._redact import is_secret_name, redact_text, redact_values
-    warnings: list[str] = []
-
-    class _Seen(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            warnings.append(record.getMessage())
-    quiet = logging.getLogger("twophase.sinks.kafka.librdkafka.option-check")
-    quiet.propagate, seen = False, _Seen()
-    quiet.addHandler(seen)
-    reason: Optional[str] = None
-    try:
-        producer = Producer({"transactional.id": "twophase-option-check", name: value, "logger": quiet})
-        producer.close(0) if hasattr(producer, "close") else None
-        del producer
-    except KafkaException as e:
-        reason = e.args[0].str() if e.args and hasattr(e.args[0], "str") else str(e)
-    except (TypeError, ValueError) as e:
-        reason = str(e)
-    finally:
-        quiet.removeHandler(seen)
-    if reason is None and any("is a consumer property" in w for w in warnings):
-        reason = "a consumer property, ignored by a producer"
-    if reason is not None:
-        reason = redact_text(reason)
-        if is_secret_name(name):
-            reason = redact_values(reason, [value])
-    return reason
+    sink's): :func:`twophase._kafka_client_options.librdkafka_verdict`."""
+    return librdkafka_verdict(name, value, "producer")
 
 
 def split_client_options(kraw: Mapping[str, Any], defaults: Mapping[str, Any], client: str
@@ -146,47 +106,9 @@ def split_client_options(kraw: Mapping[str, Any], defaults: Mapping[str, Any], c
     Spark name), a name or value librdkafka refuses, and a consumer property. With kafkaClient=kafka-python, an
     option kafka-python does not know is refused, and when librdkafka takes it the error says to set
     kafkaClient=librdkafka. No error shows the value of a secret-named option."""
-    from twophase._redact import MASK, is_secret_name, redact_text
-    taken: dict[str, Any] = {}
-    extra: dict[str, str] = {}
-    for key, value in kraw.items():
-        name = key[len("kafka."):] if key.startswith("kafka.") else key
-        if name in _RDKAFKA_SINK_OWN and name not in _RESERVED:
-            raise ConfigurationError(f"{SINK}: option {key!r} cannot be set (with either kafkaClient): "
-                                     f"{_RDKAFKA_SINK_OWN[name]}")
-        if not key.startswith("kafka.") or _kafka_python_takes(name, defaults):
-            taken[key] = value
-            continue
-        if client == "kafka-python":
-            hint = ""
-            try:
-                if librdkafka_producer_verdict(name, str(value)) is None:
-                    hint = (f"; {name!r} is a librdkafka producer property: set option kafkaClient=librdkafka (the "
-                            "default writer, confluent-kafka) to use it")
-            except ImportError:  # pragma: no cover - confluent-kafka not installed: no hint
-                pass
-            raise ConfigurationError(
-                f"{SINK}: option {key!r} is not a kafka-python producer setting ({name.replace('.', '_')!r}), and the "
-                f"writer in use is kafka-python (option kafkaClient=kafka-python){hint}; otherwise drop it, or use the "
-                "name of one of kafka-python's KafkaProducer settings (kafka.<setting with dots>)")
-        if name.startswith(RDKAFKA_CONNECTION_PREFIXES):
-            raise ConfigurationError(
-                f"{SINK}: option {key!r} is a librdkafka-only connection setting (kafkaClient=librdkafka); the "
-                "driver's Kafka connections (kafka-python: EndTxn, fencing, topic checks) need it too, so give it under "
-                "its Spark / kafka-python name (e.g. kafka.sasl.plain.username, kafka.ssl.cafile, "
-                "kafka.security.protocol), which twophase maps to librdkafka's")
-        from twophase._versions import require
-        require("confluent-kafka", what=f"{SINK}'s option {key!r} (a librdkafka property: kafkaClient=librdkafka)")
-        verdict = librdkafka_producer_verdict(name, str(value))
-        if verdict is not None:
-            shown = MASK if is_secret_name(key) else redact_text(repr(value))
-            raise ConfigurationError(
-                f"{SINK}: option {key!r}={shown} is refused by the writer in use, librdkafka (option "
-                f"kafkaClient=librdkafka; {_client_versions()}): {verdict}. It is not a kafka-python setting either; "
-                "fix the name or value against librdkafka's producer properties (CONFIGURATION.md of that version) or "
-                "kafka-python's KafkaProducer settings, or drop it")
-        extra[name] = str(value)
-    return taken, extra
+    own = {k: v for k, v in _RDKAFKA_SINK_OWN.items() if k not in _RESERVED}
+    return _split(kraw, client, what=SINK, role="producer", kafka_python_takes=lambda n: _kafka_python_takes(n, defaults),
+                  reserved_any_client=own, driver_connections="kafka-python: EndTxn, fencing, topic checks")
 
 
 def check_librdkafka_twins(extra: Mapping[str, str], mapped: Mapping[str, Any]) -> None:

@@ -15,7 +15,8 @@ import uuid
 
 import pyarrow as pa
 
-from twophase._kafka import CLIENTS, RDKAFKA_CONNECTION_PREFIXES, kafka_python_config, librdkafka_config
+from twophase._kafka import CLIENTS, kafka_python_config, librdkafka_config
+from twophase._kafka_client_options import split_client_options as _split
 from twophase._logging import get_logger
 from twophase._redact import safe_repr
 from twophase.errors import ConfigurationError, MissingDependencyError
@@ -111,42 +112,6 @@ def _kafka_python_takes(name: str, defaults: Mapping[str, Any]) -> bool:
             or name.replace(".", "_") in defaults)
 
 
-def _librdkafka_verdict(name: str, value: Any) -> Optional[str]:
-    """What librdkafka (the confluent-kafka installed here) says of consumer property ``name=value``: None if it
-    takes it, else its reason ("No such configuration property", "Invalid value ...", "a producer property").
-    A consumer is configured, never connected (no bootstrap servers), and closed at once."""
-    from confluent_kafka import Consumer, KafkaException
-    warnings: list[str] = []
-
-    class _Seen(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            warnings.append(record.getMessage())
-    quiet = logging.getLogger(f"{LIBRDKAFKA_LOGGER}.option-check")
-    quiet.propagate, seen = False, _Seen()
-    quiet.addHandler(seen)
-    try:
-        consumer = Consumer({"group.id": "twophase-option-check", name: value, "logger": quiet})
-        consumer.close()
-    except KafkaException as e:
-        return e.args[0].str() if e.args and hasattr(e.args[0], "str") else str(e)
-    except (TypeError, ValueError) as e:
-        return str(e)
-    finally:
-        quiet.removeHandler(seen)
-    producer_only = [w for w in warnings if "is a producer property" in w]
-    return "a producer property, ignored by a consumer" if producer_only else None
-
-
-def _client_versions() -> str:
-    try:
-        import confluent_kafka
-        version, lib = confluent_kafka.version(), confluent_kafka.libversion()
-        return (f"confluent-kafka {version[0] if isinstance(version, tuple) else version}, "
-                f"librdkafka {lib[0] if isinstance(lib, tuple) else lib}")
-    except Exception:  # noqa: BLE001 - informational  # pragma: no cover
-        return "confluent-kafka"
-
-
 def split_client_options(kraw: Mapping[str, Any], defaults: Mapping[str, Any], client: str
                          ) -> tuple[dict[str, Any], dict[str, str]]:
     """``kafka.*`` options checked against the reader actually used (option kafkaClient): (the options kafka-python
@@ -161,53 +126,9 @@ def split_client_options(kraw: Mapping[str, Any], defaults: Mapping[str, Any], c
     driver's connections need them too: give their Spark names). With kafkaClient=kafka-python, an option
     kafka-python does not know is refused, and when librdkafka knows it the error says so (set
     kafkaClient=librdkafka)."""
-    taken: dict[str, Any] = {}
-    extra: dict[str, str] = {}
-    for key, value in kraw.items():
-        name = key[len("kafka."):] if key.startswith("kafka.") else key
-        if not key.startswith("kafka.") or _kafka_python_takes(name, defaults):
-            taken[key] = value
-            continue
-        if client == "kafka-python":
-            hint = ""
-            try:
-                if _librdkafka_verdict(name, str(value)) is None:
-                    hint = (f"; {name!r} is a librdkafka consumer property: set option kafkaClient=librdkafka (the "
-                            "default reader, confluent-kafka) to use it")
-            except ImportError:  # pragma: no cover - confluent-kafka not installed: no hint
-                pass
-            raise ConfigurationError(
-                f"{SOURCE}: option {key!r} is not a kafka-python consumer setting ({name.replace('.', '_')!r}), and the "
-                f"reader in use is kafka-python (option kafkaClient=kafka-python){hint}; otherwise drop it, or use the "
-                "name of one of kafka-python's KafkaConsumer settings (kafka.<setting with dots>)")
-        if name in _RDKAFKA_SOURCE_OWN:
-            raise ConfigurationError(f"{SOURCE}: option {key!r} (a librdkafka property, kafkaClient=librdkafka) cannot "
-                                     f"be set: {_RDKAFKA_SOURCE_OWN[name]}")
-        if name.startswith(RDKAFKA_CONNECTION_PREFIXES):
-            raise ConfigurationError(
-                f"{SOURCE}: option {key!r} is a librdkafka-only connection setting (kafkaClient=librdkafka); the "
-                "driver's Kafka connections (kafka-python) need it too, so give it under its Spark / kafka-python name "
-                "(e.g. kafka.sasl.plain.username, kafka.ssl.cafile, kafka.security.protocol), which twophase maps to "
-                "librdkafka's")
-        from twophase._versions import require
-        require("confluent-kafka", what=f"{SOURCE}'s option {key!r} (a librdkafka property: kafkaClient=librdkafka)")
-        verdict = _librdkafka_verdict(name, str(value))
-        if verdict is not None:
-            from twophase._redact import MASK, is_secret_name, redact_text
-            # a name librdkafka refuses (unknown, internal): its value does not matter and is not shown (it may be
-            # a secret under a name that does not say so, e.g. a PEM private key as kafka.ssl_key; review 15)
-            by_name = verdict.startswith(("No such configuration property", "Internal property"))
-            shown = "" if by_name else "=" + (MASK if is_secret_name(key) else redact_text(repr(value)))
-            if is_secret_name(key) and str(value):
-                verdict = verdict.replace(str(value), MASK)
-            raise ConfigurationError(
-                f"{SOURCE}: option {key!r}{shown} is refused by the reader in use, librdkafka (option "
-                f"kafkaClient=librdkafka; {_client_versions()}): {redact_text(verdict)}. It is not a kafka-python "
-                "setting either; "
-                "fix the name or value against librdkafka's consumer properties (CONFIGURATION.md of that version) or "
-                "kafka-python's KafkaConsumer settings, or drop it")
-        extra[name] = str(value)
-    return taken, extra
+    return _split(kraw, client, what=SOURCE, role="consumer",
+                  kafka_python_takes=lambda n: _kafka_python_takes(n, defaults),
+                  reserved_librdkafka=_RDKAFKA_SOURCE_OWN, driver_connections="kafka-python")
 
 
 #: options of a stream only: a batch read (spark.read) ignores them, as Spark does, with a warning
