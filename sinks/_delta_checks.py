@@ -211,6 +211,51 @@ def _datafusion_sql(expr: str) -> str:
     return "".join(out)
 
 
+#: the functions a CHECK constraint, column invariant or generation expression may call: those whose meaning in
+#: DataFusion is Spark's for every input, NULL included (coalesce, abs, lower, upper, length of a string). Any other
+#: call is refused on the driver naming the function: DataFusion's functions are not Spark's (its concat skips NULL
+#: arguments where Spark's returns NULL, so CHECK (length(concat(a, b)) > 0) let a row with b NULL through; its
+#: substring(s, 0, n) returns n - 1 characters; a cast of a timestamp to a date uses UTC, Spark's the session time
+#: zone), and a row Delta's writers refuse must never be committed (review 15)
+VETTED_FUNCTIONS: frozenset[str] = frozenset({"coalesce", "abs", "lower", "upper", "length"})
+#: words a SQL expression may put before "(" that are not function calls
+_NOT_CALLS = frozenset({"and", "or", "not", "in", "is", "like", "ilike", "rlike", "between", "case", "when", "then",
+                        "else", "end", "null", "true", "false", "distinct", "from"})
+
+
+def _calls(expr: str) -> list[str]:
+    """The names of the functions ``expr`` calls (an identifier followed by ``(``, outside string literals and
+    backquoted names), lower case, in order of appearance."""
+    out: list[str] = []
+    i, n = 0, len(expr)
+    while i < n:
+        c = expr[i]
+        if c in "'\"`":
+            j = i + 1
+            while j < n and expr[j] != c:
+                j += 2 if expr[j] == "\\" and c != "`" else 1
+            i = j + 1
+        elif c.isalpha() or c == "_":
+            j = i
+            while j < n and (expr[j].isalnum() or expr[j] in "_."):
+                j += 1
+            word = expr[i:j].lower()
+            k = j
+            while k < n and expr[k].isspace():
+                k += 1
+            if k < n and expr[k] == "(" and word not in _NOT_CALLS:
+                out.append(word)
+            i = j
+        else:
+            i += 1
+    return out
+
+
+def unvetted_calls(expr: str) -> list[str]:
+    """The functions ``expr`` calls that are not in :data:`VETTED_FUNCTIONS` (each once)."""
+    return sorted({f for f in _calls(expr) if f not in VETTED_FUNCTIONS})
+
+
 #: the Delta table features twophase-delta writes correctly (its own writer and its committer, delta-rs), each
 #: checked against delta-spark's reader and constraint checks (integration/delta_spark/test_delta_features.py):
 #: appends need nothing of appendOnly and changeDataFeed (an Add action is an insert to Delta's change feed);
@@ -390,6 +435,14 @@ def table_checks(dt: Any, stream: pa.Schema) -> TableChecks:
     if missing_not_null:
         raise ConfigurationError(f"{SINK}: the table {dt.table_uri} has NOT NULL columns the stream does not provide: "
                                  f"{missing_not_null}; select them in the query")
+    for name, expr in out.checks:  # refuse, on the driver, an expression DataFusion may evaluate otherwise than Spark
+        calls = unvetted_calls(expr)
+        if calls:
+            raise ConfigurationError(f"{SINK}: the table's {name} ({expr}) calls {', '.join(calls)}: twophase checks "
+                                     "every row with DataFusion, whose functions are not all Spark's (NULLs, positions, "
+                                     "time zones), and will not write rows it cannot check as Delta's writers do; only "
+                                     f"{', '.join(sorted(VETTED_FUNCTIONS))} and operators are checked. Drop or rewrite "
+                                     "that constraint (ALTER TABLE ... DROP CONSTRAINT), or write to a table without it")
     if out.checks:  # refuse, on the driver, an expression that cannot be evaluated
         empty = pa.RecordBatch.from_pylist([], schema=stream)
         ctx = _datafusion_context(empty, out.columns)
