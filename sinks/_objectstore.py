@@ -10,7 +10,9 @@ list and drop this sink's unfinished files); the rest is here once:
 - :class:`ObjectStoreCommitter` (driver side): completes every entry of a checkpoint at once (a pool of
   ``commit_parallelism`` threads; fault point ``mid_commit`` when the first is done), takes the sweep's
   listing on the same pool meanwhile, and sweeps this sink's unfinished files of checkpoints ``<= n``
-  with it, never the checkpoint's own (kept by id).
+  with it, never the checkpoint's own (kept by id). Before the decision, :meth:`ObjectStoreCommitter.check_prepared`
+  asks the store which entries' invisible parts are already gone (:meth:`ObjectStore.gone`): any, and the
+  checkpoint is declined (aborted, retriable) rather than decided into a loss.
 
 The invariants are the sinks' (``test_s3_sink_invN_*``, ``test_azure_files_sink_invN_*``); this module
 only runs them in one order.
@@ -82,6 +84,20 @@ class ObjectStore(abc.ABC):
         """What the sweep right after checkpoint ``checkpoint_id``'s commit (its ``entries``) lists: by default
         :meth:`list_own` (a store whose listing grows with history scopes it, proving nothing is missed)."""
         return self.list_own(sink_id)
+
+    #: True if entries can vanish before they are completed (S3: someone else aborts an upload) and :meth:`gone`
+    #: tells which: ``check_prepared`` then takes the sweep's listing before the decision and looks at it
+    checks_prepared: bool = False
+    #: what ``check_prepared`` advises when entries are found gone (the store's usual culprits)
+    gone_advice: str = ""
+    #: what its entries are called in those words
+    entry_noun: str = "pending files"
+
+    def gone(self, entries: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+        """Of ``entries`` (of a checkpoint not decided yet) that the sweep's listing did not show, those whose
+        invisible parts are gone and which are not visible either: they can never be completed. Raises when the
+        store cannot tell (the check is then skipped). By default none."""
+        return []
 
     @abc.abstractmethod
     def drop_own(self, pending: Collection[Pending], up_to: int, keep_ids: Collection[str]) -> int:
@@ -178,6 +194,8 @@ class ObjectStoreCommitter(SinkCommitter[C], Generic[C]):
         self.store = sink.store
         #: the sweep's listing taken while a checkpoint's entries completed: (its id, the listing, their ids)
         self._listed: Optional[tuple[int, Future, frozenset[str]]] = None
+        #: the sweep's listing ``check_prepared`` took before the decision: (checkpoint id, listing, entry ids)
+        self._checked: Optional[tuple[int, list[Pending], frozenset[str]]] = None
 
     def entries(self, committable: C) -> list[Mapping[str, Any]]:
         return list(getattr(committable, self.entries_field))
@@ -205,14 +223,22 @@ class ObjectStoreCommitter(SinkCommitter[C], Generic[C]):
         jobs = [(i, e) for i, c in enumerate(committables) if not self._at_least_once(c) for e in self.entries(c)]
         outcomes: list[list[str]] = [[] for _ in committables]
         lost: dict[int, str] = {}
+        checked, self._checked = self._checked, None
+        ids = frozenset(self.store.entry_id(e) for _, e in jobs)
         if jobs:
             with ThreadPoolExecutor(min(self.commit_parallelism, len(jobs)) + 1,
                                     thread_name_prefix="twophase-commit") as pool:
                 futures = {pool.submit(self.store.complete, e): i for i, e in jobs}
-                # the sweep's listing, beside the completions; the sweep uses it only after them
-                self._listed = (checkpoint_id, pool.submit(self.store.list_own_for, self.sink.sink_id, checkpoint_id,
-                                                           [e for _, e in jobs], recovering=recovering),
-                                frozenset(self.store.entry_id(e) for _, e in jobs))
+                if checked is not None and not recovering and checked[0] == checkpoint_id and checked[2] == ids:
+                    # the listing check_prepared took of these very entries before the decision: as safe as one
+                    # taken now (every entry of the checkpoint is kept by id, every checkpoint below it is final)
+                    taken: Future = Future()
+                    taken.set_result(checked[1])
+                    self._listed = (checkpoint_id, taken, ids)
+                else:  # the sweep's listing, beside the completions; the sweep uses it only after them
+                    self._listed = (checkpoint_id, pool.submit(self.store.list_own_for, self.sink.sink_id,
+                                                               checkpoint_id, [e for _, e in jobs],
+                                                               recovering=recovering), ids)
                 for n, done in enumerate(as_completed(futures)):
                     i = futures[done]
                     try:
@@ -240,6 +266,51 @@ class ObjectStoreCommitter(SinkCommitter[C], Generic[C]):
         _log.debug(f"{self.store.kind}_checkpoint_committed", sink_id=self.sink.sink_id, checkpoint_id=checkpoint_id,
                    files=len(jobs), already=sum(o.count("already") for o in outcomes), lost=len(lost))
         return results
+
+    def check_prepared(self, checkpoint_id: int, committables: Sequence[C]) -> list[str]:
+        """Before the decision (coordinator invariant 4), on a store that ``checks_prepared``: each task with an
+        entry whose invisible parts are already gone (on S3 an upload aborted by someone else). Any: the
+        checkpoint is declined (every entry aborted, ABORTED, a retriable CheckpointDeclinedError) instead of
+        decided into a loss.
+
+        Cost: the listing the sweep after this checkpoint's commit takes anyway (:meth:`ObjectStore.list_own_for`),
+        taken here instead and handed to the commit (:meth:`commit_checkpoint` does not list again): no request
+        more while every entry is listed; only an entry the listing does not show is looked at
+        (:meth:`ObjectStore.gone`). A store that cannot answer (a 5xx, a timeout) is not asked (logged): the
+        checkpoint is decided and the commit tells committed from lost (and lists for its sweep itself). An
+        entry already made visible (a decided checkpoint asked again) is never gone."""
+        self._checked = None
+        jobs = [(i, e) for i, c in enumerate(committables) if not self._at_least_once(c) for e in self.entries(c)]
+        if not jobs or not self.store.checks_prepared:
+            return []
+        entries = [e for _, e in jobs]
+        try:
+            listing = self.store.list_own_for(self.sink.sink_id, checkpoint_id, entries)
+            listed = {p[1] for p in listing}
+            unseen = [e for e in entries if self.store.entry_id(e) not in listed]
+            gone = self.store.gone(unseen) if unseen else []
+        except Exception as e:  # noqa: BLE001 - a check that cannot tell never declines
+            _log.warning(f"{self.store.kind}_prepared_check_skipped", sink_id=self.sink.sink_id,
+                         checkpoint_id=checkpoint_id, error=str(e),
+                         consequence="decided without it; the commit tells committed from lost")
+            return []
+        if not gone:
+            self._checked = (checkpoint_id, listing, frozenset(self.store.entry_id(e) for e in entries))
+            return []
+        gone_ids = {self.store.entry_id(e) for e in gone}
+        lost: dict[int, list[str]] = {}
+        for i, e in jobs:
+            if self.store.entry_id(e) in gone_ids:
+                lost.setdefault(i, []).append(str(e.get("key", e.get("name", ""))))
+        found = [f"task {committables[i].task_id}: {len(keys)} of its {len(self.entries(committables[i]))} "
+                 f"{self.store.entry_noun} are gone before the decision (their parts dropped, never made visible): "
+                 f"{keys[:5]}" for i, keys in sorted(lost.items())]
+        _log.warning(f"{self.store.kind}_prepared_files_gone", sink_id=self.sink.sink_id, checkpoint_id=checkpoint_id,
+                     files=len(gone_ids), consequence="the checkpoint is declined before the decision (a Spark batch "
+                     "runs again, the runtime fails over, a batch write must be re-run)")
+        if self.store.gone_advice:
+            found[-1] = f"{found[-1]}; {self.store.gone_advice}"
+        return found
 
     def abort(self, committable: C, *, recovering: bool = False) -> None:
         if self._at_least_once(committable):

@@ -46,13 +46,25 @@ Invariants (``test_s3_sink_invN_*``):
    COMPLETED (so every upload of a checkpoint at or below it that it shows is a loser's, or the
    checkpoint's own), the checkpoint's own uploads are kept out of it by id, and the sweep runs only
    once every one of them is completed. What an attempt opens after the listing is the next commit's.
+   (On the deciding paths ``check_prepared`` takes that listing before the decision instead, invariant 6.)
+6. ``check_prepared`` (before the decision): an upload of the checkpoint aborted by someone else after the tasks
+   pre-committed (another Spark job's S3A committer with Hadoop's default
+   ``fs.s3a.committer.abort.pending.uploads=true`` cleaning the same tree, ``hadoop s3guard uploads -abort``, a
+   lifecycle rule) declines the checkpoint: aborted, retriable, run again; never decided into a DataLossError.
+   Cost: none in requests while every upload is there: the check takes the sweep's prefix-scoped
+   ListMultipartUploads (invariant 4) before the decision instead of beside the completions, and the commit's
+   sweep uses it (it lists every upload of this checkpoint, all kept by id, and every checkpoint below is final,
+   so it is as safe as one taken after COMPLETED); the commit phase gains that listing's latency. Only an upload
+   the listing does not show is looked at: ListParts, then HeadObject (:func:`missing_uploads`; an upload completed
+   before, with the expected ETag, is never gone). A listing that fails (a 5xx, a timeout) skips the check (logged):
+   the checkpoint is decided, the commit tells and lists for its sweep itself.
 """
 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Collection, Mapping, TypedDict
+from typing import Any, ClassVar, Collection, Mapping, Sequence, TypedDict
 
 from twophase.naming import internal_rel, part_file_name
 from twophase.sinks._s3 import (MIN_PART_SIZE, check_part_count, check_part_size, MultipartStream, abort_lingering_uploads, abort_own_uploads,  # noqa: F401
@@ -64,7 +76,7 @@ from twophase._logging import get_logger
 from twophase._redact import safe_repr
 from twophase.errors import ConfigurationError
 from twophase.log import TransactionLog
-from twophase.log_s3 import S3_CLIENT_OPTIONS, S3Config, open_log_store, parse_s3_url, s3_config_from
+from twophase.log_s3 import S3_CLIENT_OPTIONS, S3Config, error_code, open_log_store, parse_s3_url, s3_config_from
 from twophase.options import Option, parse_choice, parse_list, parse_options, parse_size
 from twophase.sink import Committable, Guarantee, TransactionContext
 
@@ -116,6 +128,43 @@ class S3SinkOptions(FileLikeOptions):
 
 def object_name(context: TransactionContext, seq: int, ext: str) -> str:
     return part_file_name(context.sink_id, context.checkpoint_id, context.task_id, context.attempt_uid, seq, ext)
+
+
+#: why uploads disappear before the decision, and what to change (``check_prepared``'s advice)
+GONE_ADVICE = ("a multipart upload of this sink was aborted by someone else before twophase's decision: set "
+               "fs.s3a.committer.abort.pending.uploads=false on every other Spark job with an S3A committer writing "
+               "into the same tree (Hadoop's default true aborts every pending upload under its destination at job "
+               "cleanup), never run `hadoop s3guard uploads -abort` on it, and let no lifecycle rule abort incomplete "
+               "multipart uploads younger than the longest batch (AbortIncompleteMultipartUpload DaysAfterInitiation)")
+
+
+def _upload_gone(client: Any, u: Mapping[str, Any]) -> bool:
+    """An upload a listing did not show: gone (no upload, no object with its ETag), or there after all.
+    Raises on anything else (the check is then skipped)."""
+    try:
+        client.list_parts(Bucket=u["bucket"], Key=u["key"], UploadId=u["upload_id"], MaxParts=1)
+        return False  # the listing missed it (a store that lists uploads of exact keys only)
+    except Exception as e:
+        if error_code(e) not in ("NoSuchUpload", "NoSuchKey", "404"):  # radosgw answers NoSuchKey
+            raise
+    try:
+        head = client.head_object(Bucket=u["bucket"], Key=u["key"])
+    except Exception as e:
+        if error_code(e) in ("404", "NoSuchKey", "NotFound"):
+            return True
+        raise
+    return str(head.get("ETag", "")).strip('"') != u["etag"]  # completed before (a decided checkpoint): not gone
+
+
+def missing_uploads(client: Any, uploads: Sequence[Mapping[str, Any]], parallelism: int = 8) -> list[Mapping[str, Any]]:
+    """Of ``uploads`` a listing did not show, those neither in progress nor completed with their ETag (aborted
+    or expired): one ListParts each, and a HeadObject for those it does not find, on ``parallelism`` threads.
+    Raises when S3 cannot answer."""
+    if not uploads:
+        return []
+    with ThreadPoolExecutor(min(parallelism, len(uploads)), thread_name_prefix="twophase-check") as pool:
+        gone = list(pool.map(lambda u: _upload_gone(client, u), uploads))
+    return [u for u, g in zip(uploads, gone) if g]
 
 
 class Upload(TypedDict):
@@ -184,6 +233,9 @@ class S3Objects(ObjectStore):
     """The S3 sink's files: one multipart upload each (invariants 1-4; :mod:`twophase.sinks._s3`)."""
 
     kind = "s3"
+    checks_prepared = True
+    gone_advice = GONE_ADVICE
+    entry_noun = "multipart uploads"
 
     def __init__(self, sink: S3Sink) -> None:
         self.sink = sink
@@ -207,6 +259,10 @@ class S3Objects(ObjectStore):
 
     def entry_id(self, entry: Mapping[str, Any]) -> str:
         return str(entry["upload_id"])
+
+    def gone(self, entries: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+        """Of uploads the sweep's listing did not show, those aborted or expired (invariant 6)."""
+        return missing_uploads(self.sink.client, entries)
 
     def list_own(self, sink_id: str) -> list[tuple[str, str, int]]:
         o = self.sink.options

@@ -237,26 +237,22 @@ def test_s3_sink_requests_per_batch_in_the_steady_state(s3_server: S3Server) -> 
                          "UploadPart": 2, "CompleteMultipartUpload": 2}, per_batch
 
 
-def test_s3_sink_inv5_the_sweep_lists_while_the_uploads_complete_and_never_aborts_them(s3_server: S3Server) -> None:
-    """The sweep's ListMultipartUploads is sent while the checkpoint's CompleteMultipartUpload is (a
-    barrier of the two: one after the other would break it), so it lists the checkpoint's own uploads in
-    progress: they are kept, the loser's upload is aborted, and the listing is not made a second time."""
+def test_s3_sink_inv5_the_sweep_lists_once_before_the_uploads_complete_and_never_aborts_them(s3_server: S3Server) -> None:
+    """The sweep's ListMultipartUploads is sent once, by the check before the decision (invariant 6: it looks for
+    the checkpoint's uploads in it), before any CompleteMultipartUpload, and the commit does not list again (until
+    invariant 6, it was sent beside the completions): it lists the checkpoint's own uploads in progress: they are
+    kept, the loser's upload is aborted."""
     bucket = s3_server.new_bucket()
     sink = make_sink(s3_server, bucket)
     loser = sink.create_writer(TransactionContext(sink.sink_id, 0, "0"))
     loser.write(rows(10))
     dies_with_uploads_open(loser)
     ack = run_task(sink, TransactionContext(sink.sink_id, 0, "0"), [rows(10)])
-    barrier = threading.Barrier(2, timeout=30)
-
-    def together(**_: Any) -> None:
-        barrier.wait()
-
-    sink.client.meta.events.register("before-call.s3.CompleteMultipartUpload", together)
-    sink.client.meta.events.register("before-call.s3.ListMultipartUploads", together)
-    listings = count_calls(sink.client, "ListMultipartUploads")
+    order: list[str] = []
+    sink.client.meta.events.register("before-call.s3.CompleteMultipartUpload", lambda **_: order.append("complete"))
+    sink.client.meta.events.register("before-call.s3.ListMultipartUploads", lambda **_: order.append("list"))
     assert CheckpointCoordinator(sink).complete_batch(0, [ack]) == "COMMITTED"
-    assert len(listings) == 1
+    assert order == ["list", "complete"], order
     client = s3_server.client()
     assert client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
     keys = [o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix="out/part-")["Contents"]]
