@@ -88,7 +88,6 @@ import pytest  # noqa: E402
 
 from _support import S3Server, log_states  # noqa: E402
 import s3a  # noqa: E402
-from twophase.errors import DataLossError  # noqa: E402
 from test_native_s3a import (IN_MEMORY, JAR, _magic_leftovers, _read_ids, _target, _uploads,  # noqa: E402
                              _visible_data, _write, spark, spark_conf)
 
@@ -216,13 +215,6 @@ def test_review15_sigkill_mid_spark_write_then_restart_sweeps_only_own(s3_server
     assert CRASHED in writes, f"the undecided batch {CRASHED} was not re-written: {writes}"
 
 
-@pytest.mark.xfail(strict=True, raises=DataLossError, reason=(
-    "review 15 finding: the S3 committer (twophase-s3 and the native s3a path) has no check_prepared: an upload "
-    "aborted between Spark's write and the decision (Hadoop's S3A committers' job cleanup with the default "
-    "fs.s3a.committer.abort.pending.uploads=true in the same directory, `hadoop s3guard uploads -abort`, a "
-    "lifecycle rule) is decided COMPLETED, then its completion fails with DataLossError: the query stops and "
-    "recovery is stuck until an operator accepts the loss, where the coordinator's invariant 4 says declined "
-    "and re-run (the rows are still in the source)"))
 def test_review15_upload_aborted_before_the_decision_declines_the_batch(spark, s3_server: S3Server,
                                                                        tmp_path: Path) -> None:
     """A foreign actor aborts every pending upload under the prefix after Spark's write of batch 5 and before
