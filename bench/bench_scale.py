@@ -13,7 +13,16 @@ the sweep):
 - ``delta-s3`` (Delta table on radosgw, partitioned): twophase's own HTTP requests (botocore: the data uploads'
   completion, the sweep's prefix listings, the log); delta-rs's Delta commit goes through its own Rust
   client and is not counted (its time is in the commit ms);
-- ``azure`` (Azurite): HTTP requests (the Azure SDK's transport), List Blobs among them.
+- ``azure`` (Azurite): HTTP requests (the Azure SDK's transport), List Blobs among them;
+- ``kafka``, ``kafka-other-ids`` (one Apache Kafka broker, ``scripts/kafka_server.sh``, Kafka's default settings):
+  the requests kafka-python sends to the broker (the driver's admin connection: FindCoordinator,
+  DescribeTransactions in ``check_prepared``, EndTxn per transaction, ListTransactions in the sweep), ListTransactions
+  among them, and the bytes of the responses (in the "entries" column). The sink's log is a local file (not
+  counted). Also measured apart: the driver's start of each batch (Spark's ``prepare_sink``: validate, claim,
+  recover). Kafka's "history" is not files: ``kafka`` grows the committed transactions already in the topic,
+  made on the sink's own transactional ids (its whole id space, 10 records each); ``kafka-other-ids`` grows the
+  transactional ids of other applications the cluster knows (each InitProducerId'd and one committed transaction
+  of one record, in another topic), which ListTransactions walks on the broker.
 
 The old files are made cheaply, and are the sink's own names (its token, ``part-<token>-<ckpt>-...``, of
 checkpoints the bench never commits, in the partition folders the batches write): empty local files and S3
@@ -21,8 +30,9 @@ objects, 1-byte Azure blobs (a 0-byte blob with the sink's name is an abort's le
 drops). They are not in the sink's log nor in the Delta log: a reader would not see them in a Delta table,
 and the listings must walk over them exactly as over real data files.
 
-Run: ``.venv/bin/python bench/bench_scale.py [--sinks files,delta,s3,azure] [--sizes 1000,10000,100000]
-[--store-sizes 1000,10000,30000] [--batches 5]``. Prints a markdown table.
+Run: ``.venv/bin/python bench/bench_scale.py [--sinks files,delta,s3,azure,kafka,kafka-other-ids]
+[--sizes 1000,10000,100000] [--store-sizes 1000,10000,30000] [--other-ids 1000,10000] [--batches 5]``
+(the Kafka targets start a JVM: run them under ``flock /tmp/twophase-spark.lock``). Prints a markdown table.
 """
 
 from __future__ import annotations
@@ -37,7 +47,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Optional
 
 import pyarrow as pa
 
@@ -163,6 +173,36 @@ def azure_spy(c: Counter) -> Iterator[None]:
         RequestsTransport.send = real  # type: ignore[method-assign]
 
 
+@contextlib.contextmanager
+def kafka_spy(c: Counter) -> Iterator[dict[str, int]]:
+    """Every request kafka-python sends (the driver's admin connection, :class:`TxnClient`, and any consumer it
+    opens), counted by API (yielded dict); ListTransactions requests as "listings"; the bytes of every response
+    received as "entries". The writers' librdkafka producers run before the commit phase and are not counted."""
+    from kafka.net.connection import KafkaConnection
+    real_send, real_recv = KafkaConnection._send_request, KafkaConnection.data_received
+    by_api: dict[str, int] = {}
+
+    def _send_request(self: Any, request: Any, *a: Any, **k: Any) -> Any:
+        if c.active:
+            name = type(request).__name__.split("_v")[0]
+            by_api[name] = by_api.get(name, 0) + 1
+            c.requests += 1
+            if name.startswith("ListTransactions"):
+                c.lists += 1
+        return real_send(self, request, *a, **k)
+
+    def data_received(self: Any, data: bytes) -> Any:
+        if c.active:
+            c.entries += len(data)
+        return real_recv(self, data)
+
+    KafkaConnection._send_request, KafkaConnection.data_received = _send_request, data_received  # type: ignore
+    try:
+        yield by_api
+    finally:
+        KafkaConnection._send_request, KafkaConnection.data_received = real_send, real_recv  # type: ignore
+
+
 def old_names(sink_id: str, start: int, n: int, partitioned: bool) -> Iterator[str]:
     for i in range(start, start + n):
         name = part_file_name(sink_id, OLD_CID + i // 100, str(i % 100), uuid.uuid4().hex[:12], 0, "parquet")
@@ -170,25 +210,37 @@ def old_names(sink_id: str, start: int, n: int, partitioned: bool) -> Iterator[s
 
 
 def measure(sink: Any, c: Counter, grow: Callable[[int, int], None], sizes: list[int], batches: int,
-            first_cid: int = 1) -> list[dict[str, float]]:
-    """For each size: grow the destination to it, then run ``batches`` batches; medians per batch."""
+            first_cid: int = 1, make_rows: Callable[[int, int], pa.RecordBatch] = rows,
+            start: Optional[Callable[[], None]] = None) -> list[dict[str, float]]:
+    """For each size: grow the destination to it, then run ``batches`` batches; medians per batch.
+    ``start``: the driver's work before each batch (Spark's ``prepare_sink``), measured apart (``start_ms``,
+    ``start_requests``), not in the commit phase."""
     log = sink.transaction_log()
     log.claim("bench")
     coord = CheckpointCoordinator(sink, log, sweep_after_commit=True)
     cid, have, out = first_cid, 0, []
-    coord.complete_batch(cid, [run_task(sink, TransactionContext(sink.sink_id, cid, str(t)), [rows(cid, t)])
+    coord.complete_batch(cid, [run_task(sink, TransactionContext(sink.sink_id, cid, str(t)), [make_rows(cid, t)])
                                for t in range(TASKS)])
     for size in sizes:
         t0 = time.monotonic()
         grow(have, size - have)
         have = size
         print(f"  {size} old files made in {time.monotonic() - t0:.1f}s", file=sys.stderr)
-        ms, req, lists, entries = [], [], [], []
+        ms, req, lists, entries, start_ms, start_req = [], [], [], [], [], []
         for _ in range(batches):
             cid += 1
             if cid % 50 == 0:  # the periodic whole listing of the Azure sink (invariant 6) is reported apart
                 cid += 1
-            acks = [run_task(sink, TransactionContext(sink.sink_id, cid, str(t)), [rows(cid, t)]) for t in range(TASKS)]
+            if start is not None:
+                c.reset()
+                c.active = True
+                t0 = time.perf_counter()
+                start()
+                start_ms.append((time.perf_counter() - t0) * 1000)
+                c.active = False
+                start_req.append(c.requests)
+            acks = [run_task(sink, TransactionContext(sink.sink_id, cid, str(t)), [make_rows(cid, t)])
+                    for t in range(TASKS)]
             c.reset()
             c.active = True
             t0 = time.perf_counter()
@@ -200,6 +252,8 @@ def measure(sink: Any, c: Counter, grow: Callable[[int, int], None], sizes: list
             entries.append(c.entries)
         out.append({"size": size, "ms": statistics.median(ms), "requests": statistics.median(req),
                     "lists": statistics.median(lists), "entries": statistics.median(entries)})
+        if start is not None:
+            out[-1].update(start_ms=statistics.median(start_ms), start_requests=statistics.median(start_req))
         print(f"  {out[-1]}", file=sys.stderr)
     return out
 
@@ -320,7 +374,115 @@ def bench_azure(sizes: list[int], batches: int) -> list[dict[str, float]]:
         gen.close()
 
 
-BENCHES = {"files": bench_files, "delta": bench_delta, "s3": bench_s3, "azure": bench_azure, "delta-s3": bench_delta_s3}
+#: records in each old committed transaction of the Kafka bench (history (a))
+OLD_TXN_RECORDS = 10
+
+
+def _producer(bootstrap: str, transactional_id: str) -> Any:
+    from confluent_kafka import Producer
+    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": transactional_id, "linger.ms": 0,
+                  "transaction.timeout.ms": 60000})
+    p.init_transactions(60)
+    return p
+
+
+def _close(p: Any) -> None:
+    p.flush(30)
+    if hasattr(p, "close"):
+        p.close()
+
+
+def _kafka_sink(bootstrap: str, d: str, name: str) -> Any:
+    from integration.kafka.broker import create_topic
+    from twophase.sinks.kafka import KafkaSink
+    topic = create_topic(bootstrap, f"scale-{name}-{uuid.uuid4().hex[:8]}", partitions=2)
+    sink = KafkaSink.from_options({"kafka.bootstrap.servers": bootstrap, "topic": topic,
+                                   "checkpointLocation": f"{d}/{name}/ck", "prefixRegistry": f"{d}/registry",
+                                   "transactionalIdPrefix": f"scale-{name}"})
+    sink.validate_destination()
+    return sink
+
+
+def _kafka_start(sink: Any) -> Callable[[], None]:
+    """What Spark's adapter does on the driver before each micro-batch (``prepare_sink``: validate, claim, recover;
+    recover sweeps only when the last commit did not)."""
+    def start() -> None:
+        sink.validate_destination()
+        log = sink.transaction_log()
+        log.claim("bench")
+        CheckpointCoordinator(sink, log).recover()
+    return start
+
+
+def bench_kafka(sizes: list[int], batches: int) -> list[dict[str, float]]:
+    """History (a): ``size`` committed transactions of :data:`OLD_TXN_RECORDS` records each in the sink's topic,
+    made on the sink's own transactional ids (its whole id space, tasks x 2 generations x slots, as its earlier
+    batches would), by librdkafka producers in parallel."""
+    from integration.kafka.apache_kafka import apache_kafka_broker
+    from integration.kafka.broker import key_value_batch
+    with apache_kafka_broker() as bootstrap, tempfile.TemporaryDirectory(prefix="twophase-scale-kafka-") as d:
+        sink = _kafka_sink(bootstrap, d, "own")
+        ids = [sink.transactional_id(str(t), g, s) for t in range(TASKS) for g in (0, 1)
+               for s in range(sink.options.attempt_slots)]
+
+        def grow(start: int, n: int) -> None:
+            def run(k: int) -> None:
+                p = _producer(bootstrap, ids[k])
+                try:
+                    for i in range(n // len(ids) + (1 if k < n % len(ids) else 0)):
+                        p.begin_transaction()
+                        for r in range(OLD_TXN_RECORDS):
+                            p.produce(sink.options.topic, key=f"old{r}".encode(), value=b"old", partition=(i + r) % 2)
+                        p.commit_transaction(60)
+                finally:
+                    _close(p)
+            with ThreadPoolExecutor(len(ids)) as pool:
+                list(pool.map(run, range(len(ids))))
+
+        c = Counter()
+        with kafka_spy(c) as by_api:
+            out = measure(sink, c, grow, sizes, batches, make_rows=lambda cid, t: key_value_batch(f"c{cid}t{t}", ROWS),
+                          start=_kafka_start(sink))
+        print(f"  kafka requests by API (all batches, commit + start): {by_api}", file=sys.stderr)
+        return out
+
+
+#: how many producers make other applications' transactional ids at once (history (b))
+OTHER_IDS_PARALLEL = 16
+
+
+def bench_kafka_other_ids(sizes: list[int], batches: int) -> list[dict[str, float]]:
+    """History (b): ``size`` transactional ids of other applications known to the cluster, each made by a
+    producer of its own (InitProducerId, then one committed transaction of one record in another topic), in
+    parallel: they are CompleteCommit, kept by the broker for ``transactional.id.expiration.ms`` (7 days)."""
+    from integration.kafka.apache_kafka import apache_kafka_broker
+    from integration.kafka.broker import create_topic, key_value_batch
+    with apache_kafka_broker() as bootstrap, tempfile.TemporaryDirectory(prefix="twophase-scale-kafka-") as d:
+        sink = _kafka_sink(bootstrap, d, "app")
+        other = create_topic(bootstrap, f"other-{uuid.uuid4().hex[:8]}", partitions=2)
+
+        def grow(start: int, n: int) -> None:
+            def run(i: int) -> None:
+                p = _producer(bootstrap, f"other-app-{i}")
+                try:
+                    p.begin_transaction()
+                    p.produce(other, value=b"x", partition=i % 2)
+                    p.commit_transaction(60)
+                finally:
+                    _close(p)
+            with ThreadPoolExecutor(OTHER_IDS_PARALLEL) as pool:
+                list(pool.map(run, range(start, start + n)))
+
+        c = Counter()
+        with kafka_spy(c) as by_api:
+            out = measure(sink, c, grow, sizes, batches, make_rows=lambda cid, t: key_value_batch(f"c{cid}t{t}", ROWS),
+                          start=_kafka_start(sink))
+        print(f"  kafka requests by API (all batches, commit + start): {by_api}", file=sys.stderr)
+        return out
+
+
+BENCHES = {"files": bench_files, "delta": bench_delta, "s3": bench_s3, "azure": bench_azure, "delta-s3": bench_delta_s3,
+           "kafka": bench_kafka, "kafka-other-ids": bench_kafka_other_ids}
 
 
 def main() -> None:
@@ -328,11 +490,14 @@ def main() -> None:
     ap.add_argument("--sinks", default="files,delta,s3,azure")
     ap.add_argument("--sizes", default="1000,10000,100000", help="old files, local sinks")
     ap.add_argument("--store-sizes", default="1000,10000,30000", help="old files, S3 and Azure")
+    ap.add_argument("--other-ids", default="1000,10000", help="other applications' transactional ids, kafka-other-ids")
     ap.add_argument("--batches", type=int, default=5)
     a = ap.parse_args()
     rows_out = []
     for name in a.sinks.split(","):
-        sizes = [int(x) for x in (a.store_sizes if name in ("s3", "azure", "delta-s3") else a.sizes).split(",")]
+        given = a.other_ids if name == "kafka-other-ids" else a.store_sizes if name in ("s3", "azure", "delta-s3") \
+            else a.sizes
+        sizes = [int(x) for x in given.split(",")]
         print(f"{name}: sizes {sizes}", file=sys.stderr)
         rows_out.append((name, BENCHES[name](sizes, a.batches)))
     print("| sink | old files | commit ms / batch | requests / batch (listings) | dir entries read | ratio ms largest/smallest | ratio requests |")
@@ -350,7 +515,13 @@ def main() -> None:
         if "full_requests" in hi:
             print(f"| {name}, the batch with the whole listing (1 in 50) | {hi['size']:,} | {hi['full_ms']:.1f} | "
                   f"{hi['full_requests']:.0f} | | | |")
-    print(f"\n(requests: HTTP requests for s3 and azure, directory reads for files and delta; median of {a.batches} batches of {TASKS} tasks x {ROWS} rows at each size)")
+        if "start_requests" in hi:
+            print(f"| {name}, the driver's start of each batch (prepare_sink) | "
+                  + " / ".join(f"{r['size']:,}: {r['start_ms']:.1f} ms, {r['start_requests']:.0f} requests" for r in res)
+                  + f" | | | | {hi['start_ms'] / lo['start_ms']:.2f}x | "
+                  f"{hi['start_requests'] / max(lo['start_requests'], 1):.2f}x |")
+    print(f"\n(requests: HTTP requests for s3 and azure, directory reads for files and delta, kafka-python requests to "
+          f"the broker for kafka (listings: ListTransactions; 'dir entries read': bytes of the responses); median of {a.batches} batches of {TASKS} tasks x {ROWS} rows at each size)")
 
 
 if __name__ == "__main__":
