@@ -175,10 +175,11 @@ def test_check_constraint_calling_a_function_datafusion_reads_otherwise_is_refus
     create(spark, path, after=(f"ALTER TABLE {{t}} ADD CONSTRAINT c_{name} CHECK ({expr})",))
     with pytest.raises(Exception, match="(?i)CHECK constraint|violat"):
         spark.sql(f"INSERT INTO delta.`{path}` VALUES ({refused})")
+    files = sorted(os.listdir(path))  # delta-spark's refused INSERT may leave its own orphan data file
     with pytest.raises(ConfigurationError, match=rf"c_{name}.*calls {function}"):
         sink_for(path)
     assert spark_ids(spark, path) == []
-    assert not [f for f in os.listdir(path) if f.endswith(".parquet")]
+    assert sorted(os.listdir(path)) == files  # twophase wrote nothing
 
 
 @pytest.mark.parametrize("name,expr,ok,bad", SPARK_SEMANTICS, ids=[s[0] for s in SPARK_SEMANTICS])
