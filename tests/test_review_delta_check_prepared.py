@@ -26,25 +26,8 @@ from twophase.sink import TransactionContext, run_task
 from twophase.sinks.delta import DeltaSink, DeltaWriter
 from twophase.states import CheckpointState
 
-SCHEMA = pa.schema([("id", pa.int64()), ("p", pa.string())])
-
-
-def batch(start: int, n: int) -> pa.RecordBatch:
-    return pa.record_batch({"id": pa.array(range(start, start + n), pa.int64()),
-                            "p": pa.array(["a" if i % 2 else "b" for i in range(n)])}, schema=SCHEMA)
-
-
-@pytest.fixture
-def sink(tmp_path) -> DeltaSink:
-    s = DeltaSink.from_options({"path": str(tmp_path / "t"), "partitionBy": "p"}, SCHEMA)
-    s.validate_destination()
-    s.transaction_log().claim("test")
-    return s
-
-
-def acks_of(sink: DeltaSink, cid: int, attempt: int = 0, tasks: int = 2):
-    return [run_task(sink, TransactionContext(sink.sink_id, cid, str(t), attempt), [batch(cid * 1000 + t * 100, 10)])
-            for t in range(tasks)]
+from tests.test_delta_check_prepared import SCHEMA, batch, sink  # noqa: E402,F401 - the fixture too
+from tests.test_delta_check_prepared import run_checkpoint as acks_of  # noqa: E402
 
 
 def expected_ids(cids) -> list[int]:
