@@ -200,6 +200,10 @@ class ObjectStoreCommitter(SinkCommitter[C], Generic[C]):
     def entries(self, committable: C) -> list[Mapping[str, Any]]:
         return list(getattr(committable, self.entries_field))
 
+    def _jobs(self, committables: Sequence[C]) -> list[tuple[int, Mapping[str, Any]]]:
+        """``(index of its committable, entry)`` for every entry to complete (at-least-once committables have none)."""
+        return [(i, e) for i, c in enumerate(committables) if not self._at_least_once(c) for e in self.entries(c)]
+
     @staticmethod
     def _at_least_once(committable: Committable) -> bool:
         return getattr(committable, "guarantee", None) == Guarantee.AT_LEAST_ONCE.value
@@ -220,7 +224,7 @@ class ObjectStoreCommitter(SinkCommitter[C], Generic[C]):
         gives it. A failure other than data loss is raised once the others finished."""
         if not committables:
             return []
-        jobs = [(i, e) for i, c in enumerate(committables) if not self._at_least_once(c) for e in self.entries(c)]
+        jobs = self._jobs(committables)
         outcomes: list[list[str]] = [[] for _ in committables]
         lost: dict[int, str] = {}
         checked, self._checked = self._checked, None
@@ -280,7 +284,7 @@ class ObjectStoreCommitter(SinkCommitter[C], Generic[C]):
         checkpoint is decided and the commit tells committed from lost (and lists for its sweep itself). An
         entry already made visible (a decided checkpoint asked again) is never gone."""
         self._checked = None
-        jobs = [(i, e) for i, c in enumerate(committables) if not self._at_least_once(c) for e in self.entries(c)]
+        jobs = self._jobs(committables)
         if not jobs or not self.store.checks_prepared:
             return []
         entries = [e for _, e in jobs]
